@@ -1,0 +1,109 @@
+"""`launch`: subcommands and the Hydra entry. Parsing and dispatch only; the work is in commands.py."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from launcher.config.load import to_root_config
+from launcher.config.store import register_configs
+from launcher.errors import LauncherError
+from launcher.logs import get_logger, setup_logging
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+USAGE = """\
+usage: launch <command> [hydra overrides] [-m/--multirun] [--cfg job] [--help]
+
+commands:
+  train      run a training job (in-process, torchrun, or sbatch on SLURM)
+  plan       resolve and validate, print the plan, write config.yaml and plan.json; run nothing
+
+main config keys (override as key=value; groups as group=name):
+  model=tiny|small|gpt2      model.n_layer model.n_head model.d_model model.seq_len model.dropout
+  data=reverse|text|jsonl    data.path (text, jsonl)
+  parallel.dp  parallel.nodes
+  batch.global_size  batch.micro_size  batch.grad_accum   (any two; the third is derived)
+  ac=none|full|every_n|sqrt|selective   ac.every_n  ac.offload
+  engine=ddp|fsdp|deepspeed  engine.zero_stage  engine.extra
+  cluster=local|slurm        cluster.partition cluster.time cluster.wait ...
+  train.steps train.seed train.precision=fp32|bf16|fp16 train.resume=auto|never|PATH
+  optim.lr  checkpoint.every  checkpoint.keep  wandb.mode=offline|online|disabled
+  hydra.run.dir=DIR          where the run's files go (default outputs/<date>/<time>)
+
+examples:
+  launch train
+  launch train parallel.dp=2 batch.global_size=32 batch.grad_accum=4
+  launch plan engine=deepspeed engine.zero_stage=3
+  launch train -m batch.global_size=16 batch.grad_accum=1,2,4
+
+`launch train --help` lists every config group and key; `launch train --cfg job` prints the config.
+"""
+
+COMMANDS = ("train", "plan")
+
+
+def _discard_empty_run_dir(run_dir: Path) -> None:
+    """After a config error, leave no run directory behind that holds only Hydra's own files."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra"}:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _job(cfg: DictConfig, command: str) -> int:
+    setup_logging(0)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    try:
+        root = to_root_config(cfg)
+        from launcher import commands
+
+        if command == "plan":
+            commands.plan_command(root, run_dir)
+            return 0
+        code = commands.train_command(root, run_dir)
+    except LauncherError as exc:
+        get_logger().error(str(exc))
+        _discard_empty_run_dir(run_dir)
+        if multirun:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "error.txt").write_text(str(exc) + "\n")
+            return exc.exit_code
+        sys.exit(exc.exit_code)
+    if code and not multirun:
+        sys.exit(code)
+    return code
+
+
+def _hydra_entry(command: str) -> None:
+    register_configs()
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+    def entry(cfg: DictConfig) -> int:
+        return _job(cfg, command)
+
+    entry()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        sys.exit(0)
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"launch: unknown command {command!r}\n", file=sys.stderr)
+        print(USAGE, end="", file=sys.stderr)
+        sys.exit(2)
+    sys.argv = [f"launch {command}", *rest]
+    _hydra_entry(command)
+
+
+if __name__ == "__main__":
+    main()

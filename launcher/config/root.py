@@ -1,0 +1,55 @@
+"""The root config: every section, and the checks that span sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from launcher.batch import BatchSplit, resolve_batch
+from launcher.config.ac import AcConfig
+from launcher.config.cluster import ClusterConfig, ClusterKind
+from launcher.config.data import DataConfig
+from launcher.config.engine import EngineConfig
+from launcher.config.model import ModelConfig
+from launcher.config.parallel import BatchConfig, ParallelConfig
+from launcher.config.train import CheckpointConfig, DebugConfig, OptimConfig, TrainConfig
+from launcher.config.wandb import WandbConfig
+from launcher.errors import ConfigError
+
+
+@dataclass
+class RootConfig:
+    """A whole run. Built from Hydra's composed config by `to_root_config`."""
+
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ac: AcConfig = field(default_factory=AcConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+    def __post_init__(self) -> None:
+        self.split()  # raises on a batch split that does not multiply out
+        if self.parallel.nodes > 1 and self.cluster.name != ClusterKind.slurm:
+            raise ConfigError(
+                ["parallel.nodes", "cluster"],
+                f"{self.parallel.nodes} nodes need a scheduler, but cluster={self.cluster.name.value}.",
+                "add cluster=slurm, or set parallel.nodes=1.",
+            )
+        if self.data.max_len * 2 + 2 > self.model.seq_len and self.data.name.value == "reverse":
+            raise ConfigError(
+                ["data.max_len", "model.seq_len"],
+                f"a reversal problem of length {self.data.max_len} needs {self.data.max_len * 2 + 2} tokens, but seq_len={self.model.seq_len}.",
+                f"raise model.seq_len to {self.data.max_len * 2 + 2} or lower data.max_len.",
+            )
+
+    def split(self) -> BatchSplit:
+        """The resolved batch split (the one function that does batch arithmetic)."""
+        return resolve_batch(
+            self.batch.global_size, self.batch.micro_size, self.batch.grad_accum, self.parallel.dp
+        )

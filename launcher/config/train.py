@@ -1,0 +1,100 @@
+"""Optimizer, training loop and model-checkpoint settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from launcher.config.checks import require_non_negative, require_positive
+from launcher.errors import ConfigError
+
+
+class Precision(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup then cosine decay, counted in optimizer steps."""
+
+    lr: float = 3e-3
+    """Peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of lr."""
+    warmup_steps: int = 20
+    """Optimizer steps of linear warmup."""
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 disables clipping; the norm is still logged)."""
+
+    def __post_init__(self) -> None:
+        require_positive("optim.lr", self.lr)
+        require_non_negative("optim.warmup_steps", self.warmup_steps)
+        require_non_negative("optim.weight_decay", self.weight_decay)
+        require_non_negative("optim.grad_clip", self.grad_clip)
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError("optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}.")
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"optim.{key}", "must be in [0, 1).")
+
+
+@dataclass
+class TrainConfig:
+    """The training loop."""
+
+    steps: int = 1500
+    """Optimizer steps to run."""
+    seed: int = 0
+    """Seeds model init, data order and dropout; data order depends on nothing else."""
+    precision: Precision = Precision.fp32
+    """fp32 | bf16 | fp16 (fp16 uses loss scaling)."""
+    device: str = "auto"
+    """auto (CUDA when present, else CPU) | cpu | cuda."""
+    resume: str = "auto"
+    """auto: newest complete checkpoint in the run dir; never: start fresh; or a checkpoint path."""
+    log_every: int = 10
+    """Plain log line every N steps when output is not a terminal."""
+    max_restarts: int = 0
+    """torchrun elastic restarts after a rank dies (resume from the newest checkpoint)."""
+    peak_flops: float | None = None
+    """Device peak FLOP/s for MFU; null looks the device up in a table."""
+
+    def __post_init__(self) -> None:
+        require_positive("train.steps", self.steps)
+        require_positive("train.log_every", self.log_every)
+        require_non_negative("train.max_restarts", self.max_restarts)
+        require_positive("train.peak_flops", self.peak_flops, allow_none=True)
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError("train.device", f"unknown device {self.device!r}.", "use auto, cpu or cuda.")
+        if not self.resume:
+            raise ConfigError("train.resume", "is empty.", "use auto, never or a checkpoint path.")
+
+
+@dataclass
+class CheckpointConfig:
+    """Training-state checkpoints under <run dir>/checkpoints/."""
+
+    every: int = 0
+    """Save every N optimizer steps (0: only at the end)."""
+    keep: int = 2
+    """Complete checkpoints to keep (older ones are deleted)."""
+    enabled: bool = True
+    """Save at all (the final checkpoint included)."""
+
+    def __post_init__(self) -> None:
+        require_non_negative("checkpoint.every", self.every)
+        require_positive("checkpoint.keep", self.keep)
+
+
+@dataclass
+class DebugConfig:
+    """Test-only switches. Never set these for real training."""
+
+    broken_normalization: bool = False
+    """Negative control: average per-micro-batch means (the known wrong loss)."""

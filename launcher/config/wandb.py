@@ -1,0 +1,28 @@
+"""Weights & Biases tracking (rank 0 only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class WandbMode(str, Enum):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+@dataclass
+class WandbConfig:
+    """offline by default: files under <run dir>/wandb, no network or key needed."""
+
+    mode: WandbMode = WandbMode.offline
+    project: str = "launcher"
+    entity: str | None = None
+    name: str | None = None
+    """Run name (null: the run directory's name)."""
+    group: str | None = None
+    """Group (null: the sweep's name for sweep points)."""
+    tags: list[str] = field(default_factory=list)
+    required: bool = True
+    """A wandb failure stops the run at start; false: warn and train without it."""

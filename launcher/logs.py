@@ -1,0 +1,37 @@
+"""Rank-aware logging: rank 0 talks; other ranks speak only on warnings and errors, prefixed."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+LOGGER_NAME = "launcher"
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+        text = self.prefix + level + record.getMessage()
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def setup_logging(rank: int = 0) -> logging.Logger:
+    log = logging.getLogger(LOGGER_NAME)
+    log.handlers.clear()
+    handler = logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)
+    prefix = "" if rank == 0 else f"[rank {rank}] "
+    handler.setFormatter(_Formatter(prefix))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    log.propagate = False
+    return log
+
+
+def get_logger(name: str = "") -> logging.Logger:
+    return logging.getLogger(f"{LOGGER_NAME}.{name}" if name else LOGGER_NAME)

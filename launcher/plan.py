@@ -1,0 +1,118 @@
+"""Config -> Plan: the world, the batch arithmetic, tokens per step, sizes and how it will run."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from launcher.config.cluster import ClusterKind
+from launcher.config.root import RootConfig
+from launcher.config.train import Precision
+from launcher.models import GPT
+
+BYTES_PER_ELEMENT = {Precision.fp32: 4, Precision.bf16: 2, Precision.fp16: 2}
+
+
+def count_parameters(cfg: RootConfig) -> int:
+    """Exact parameter count, from a model built on the meta device (no memory, no time)."""
+    with torch.device("meta"):
+        return GPT(cfg.model).num_params()
+
+
+def activation_bytes_estimate(cfg: RootConfig, micro_size: int) -> int:
+    """Saved-for-backward bytes of one micro-batch without recompute, per Korthikanti et al. 2022:
+    per block about s*b*h*(34 + 5*a*s/h) bytes in 16-bit (twice that in fp32), plus embeddings
+    and logits. An estimate; runs report the measured `activation_bytes`."""
+    m = cfg.model
+    s, b, h, a = m.seq_len, micro_size, m.d_model, m.n_head
+    scale = BYTES_PER_ELEMENT[cfg.train.precision] / 2
+    per_block = s * b * h * (34 + 5 * a * s / h) * scale
+    logits = s * b * m.vocab_size * 4 * 2  # logits and their fp32 log-softmax
+    return int(m.n_layer * per_block + logits)
+
+
+@dataclass
+class Plan:
+    """What a run will do; written to plan.json and printed by `launch plan`."""
+
+    world_size: int
+    nodes: int
+    ranks_per_node: int
+    global_size: int
+    micro_size: int
+    grad_accum: int
+    seq_len: int
+    tokens_per_step: int
+    engine: str
+    zero_stage: int | None
+    ac: str
+    precision: str
+    parameters: int
+    memory_estimate: dict[str, int]
+    runner: str
+    command: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        stage = f" (ZeRO stage {self.zero_stage})" if self.zero_stage is not None else ""
+        lines = [
+            f"world       {self.world_size} rank(s) on {self.nodes} node(s), {self.ranks_per_node} per node",
+            f"batch       {self.global_size} sequences/step = dp {self.world_size} x grad_accum {self.grad_accum} x micro {self.micro_size}",
+            f"tokens/step {self.tokens_per_step:,} positions ({self.global_size} x seq_len {self.seq_len})",
+            f"model       {self.parameters:,} parameters, {self.precision}",
+            f"engine      {self.engine}{stage}, recompute: {self.ac}",
+            f"memory est. params {_mib(self.memory_estimate['parameters'])}, optimizer {_mib(self.memory_estimate['optimizer'])}, activations/micro-batch {_mib(self.memory_estimate['activations'])}",
+            f"runner      {self.runner}",
+        ]
+        if self.command:
+            lines.append("command     " + " ".join(self.command))
+        return "\n".join(lines)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def runner_kind(cfg: RootConfig) -> str:
+    if cfg.cluster.name == ClusterKind.slurm:
+        return "slurm"
+    return "in-process" if cfg.parallel.dp == 1 else "torchrun"
+
+
+def build_plan(cfg: RootConfig, command: list[str] | None = None) -> Plan:
+    split = cfg.split()
+    params = count_parameters(cfg)
+    width = BYTES_PER_ELEMENT[cfg.train.precision]
+    return Plan(
+        world_size=split.dp,
+        nodes=cfg.parallel.nodes,
+        ranks_per_node=cfg.parallel.ranks_per_node,
+        global_size=split.global_size,
+        micro_size=split.micro_size,
+        grad_accum=split.grad_accum,
+        seq_len=cfg.model.seq_len,
+        tokens_per_step=split.global_size * cfg.model.seq_len,
+        engine=cfg.engine.name.value,
+        zero_stage=cfg.engine.zero_stage if cfg.engine.name.value == "deepspeed" else None,
+        ac=cfg.ac.policy.value,
+        precision=cfg.train.precision.value,
+        parameters=params,
+        memory_estimate={
+            "parameters": params * width,
+            "gradients": params * 4,
+            "optimizer": params * 4 * 2,  # AdamW's two fp32 moments
+            "activations": activation_bytes_estimate(cfg, split.micro_size),
+        },
+        runner=runner_kind(cfg),
+        command=command or [],
+    )
+
+
+def local_cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

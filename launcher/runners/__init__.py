@@ -1,0 +1,1 @@
+"""Plan -> process: in-process for one rank, torchrun for several, sbatch for SLURM."""

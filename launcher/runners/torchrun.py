@@ -1,0 +1,67 @@
+"""Several ranks on this node through torchrun (`python -m torch.distributed.run`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.config.root import RootConfig
+from launcher.logs import get_logger
+from launcher.plan import local_cpu_count
+
+log = get_logger("torchrun")
+
+
+def torchrun_argv(cfg: RootConfig, config_path: Path) -> list[str]:
+    """The exact command `launch train` runs (and `launch plan` prints).
+
+    --standalone puts the rendezvous on a free port, so runs on one machine never collide.
+    """
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={cfg.parallel.ranks_per_node}",
+        f"--max_restarts={cfg.train.max_restarts}",
+        "--monitor_interval=0.5",
+        "-m",
+        "launcher.worker",
+        str(config_path),
+    ]
+
+
+def rank_environment(cfg: RootConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    # Share the cores instead of oversubscribing them (torchrun would pick 1 and warn).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, local_cpu_count() // cfg.parallel.ranks_per_node)))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def report_failed_ranks(run_dir: Path) -> None:
+    for path in sorted(run_dir.glob("error_rank*.txt")):
+        rank = path.stem.removeprefix("error_rank")
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        last = lines[-1] if lines else "(no message)"
+        log.error(f"rank {rank} failed: {last}  (traceback: {path})")
+
+
+def run_torchrun(cfg: RootConfig, config_path: Path) -> int:
+    run_dir = config_path.parent
+    for stale in run_dir.glob("error_rank*.txt"):
+        stale.unlink()
+    argv = torchrun_argv(cfg, config_path)
+    proc = subprocess.Popen(argv, env=rank_environment(cfg))
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait()
+    if code != 0:
+        report_failed_ranks(run_dir)
+        log.error(f"the job failed with exit status {code}.")
+    return code

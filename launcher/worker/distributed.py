@@ -1,0 +1,60 @@
+"""Process-group set-up for one rank: NCCL on CUDA devices, gloo otherwise."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from launcher.errors import EnvironmentProblem
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise EnvironmentProblem("train.device: cuda was asked for but no CUDA device is visible. Fix: set train.device=cpu or auto.")
+    if local_rank >= torch.cuda.device_count():
+        raise EnvironmentProblem(
+            f"parallel.dp: local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible). Fix: lower parallel.dp."
+        )
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def init_distributed(requested_device: str, timeout_s: float = 600.0) -> DistContext:
+    """Join the job's process group (torchrun's env://), or make a one-rank group in-process."""
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = pick_device(requested_device, local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        timeout = timedelta(seconds=timeout_s)
+        if launched:
+            dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
+        else:
+            # In-process single rank: a HashStore needs no port, and every engine finds a group.
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return DistContext(rank, world, local_rank, device)
+
+
+def teardown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

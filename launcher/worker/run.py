@@ -1,0 +1,116 @@
+"""One rank from start to end: process group, model, data, engine, loop, evaluation, summary."""
+
+from __future__ import annotations
+
+import random
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from launcher.config.root import RootConfig
+from launcher.data import build_dataset
+from launcher.engines import build_engine
+from launcher.logs import get_logger, setup_logging
+from launcher.memory import activation_report
+from launcher.models import GPT
+from launcher.recompute import apply_recompute
+from launcher.tracking import Tracker, peak_memory_bytes
+from launcher.worker.distributed import DistContext, init_distributed, teardown_distributed
+from launcher.worker.evaluate import exact_match
+from launcher.worker.loop import Trainer
+
+log = get_logger("worker")
+
+BATCH_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.LocalResponseNorm)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def warn_batch_dependent_layers(model: nn.Module, micro_size: int, global_size: int) -> bool:
+    """BatchNorm-like layers normalise over the micro-batch, not the global batch: say so once."""
+    if micro_size >= global_size:
+        return False
+    found = sorted({type(m).__name__ for m in model.modules() if isinstance(m, BATCH_DEPENDENT)})
+    if not found:
+        return False
+    log.warning(
+        f"the model has batch-dependent layers ({', '.join(found)}); their statistics come from "
+        f"each micro-batch of {micro_size} sequences, not the global batch of {global_size}, so "
+        "accumulation and data parallelism change what they compute. Use LayerNorm/GroupNorm, "
+        "or SyncBatchNorm across ranks."
+    )
+    return True
+
+
+def build_model(cfg: RootConfig) -> nn.Module:
+    seed_everything(cfg.train.seed)  # the same initial weights on every rank and every split
+    model = GPT(cfg.model)
+    apply_recompute(model.blocks, cfg.ac)
+    return model
+
+
+def train_rank(cfg: RootConfig, run_dir: Path, ctx: DistContext) -> dict[str, Any]:
+    split = cfg.split()
+    model = build_model(cfg)
+    warn_batch_dependent_layers(model, split.micro_size, split.global_size)
+    engine = build_engine(cfg, model, ctx)
+    # Dropout differs per rank; the data order never depends on this.
+    torch.manual_seed(cfg.train.seed + 1_000_003 * (ctx.rank + 1))
+    dataset = build_dataset(cfg.data, cfg.model.seq_len, cfg.train.seed)
+    tracker = Tracker(run_dir, cfg.train.steps, cfg.train.log_every, enabled=ctx.is_main)
+    trainer = Trainer(cfg, ctx, engine, dataset, tracker)
+    trainer.train()
+    probe_inputs, probe_targets = trainer.probe_batch()
+    activations = activation_report(cfg, engine.module, probe_inputs, probe_targets)
+    accuracy = exact_match(engine.module, dataset.eval_problems(), cfg.model.seq_len, ctx.device)
+    totals = tracker.totals
+    summary: dict[str, Any] = {
+        "steps": trainer.step,
+        "final_loss": totals.final_loss,
+        "tokens": totals.tokens,
+        "tokens_per_s": totals.tokens / totals.seconds if totals.seconds > 0 else 0.0,
+        "train_seconds": totals.seconds,
+        "peak_memory_bytes": peak_memory_bytes(ctx.device),
+        "world_size": ctx.world_size,
+        "dp": split.dp,
+        "micro_size": split.micro_size,
+        "grad_accum": split.grad_accum,
+        "global_size": split.global_size,
+        "engine": cfg.engine.name.value,
+        "ac": cfg.ac.policy.value,
+        "eval_accuracy": accuracy,
+        **activations,
+    }
+    tracker.finish(summary)
+    if ctx.is_main:
+        acc = f", eval exact-match {accuracy:.3f}" if accuracy is not None else ""
+        log.info(
+            f"done: {trainer.step} steps, final loss {totals.final_loss:.4f}, "
+            f"{summary['tokens_per_s']:,.0f} tokens/s{acc}. Outputs in {run_dir}"
+        )
+    return summary
+
+
+def run_worker(cfg: RootConfig, run_dir: Path) -> dict[str, Any]:
+    """Everything one rank does; the process group is destroyed whatever happens."""
+    ctx = init_distributed(cfg.train.device)
+    setup_logging(ctx.rank)
+    warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
+    try:
+        return train_rank(cfg, run_dir, ctx)
+    except BaseException:
+        if ctx.world_size > 1:
+            # Leave the rank's error where the launcher can name it.
+            (run_dir / f"error_rank{ctx.rank}.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        teardown_distributed()

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole check: lint, types, then the test suite. SLURM tests run when a cluster answers
+# (CI starts one first with ../shared/slurm/start.sh); GPU tests skip without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export WANDB_MODE=offline WANDB_SILENT=true
+.venv/bin/ruff check launcher tests benchmarks
+.venv/bin/mypy
+.venv/bin/python -m pytest "$@"
