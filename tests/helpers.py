@@ -1,0 +1,57 @@
+"""Shared helpers for tests that run the `launch` command or read a run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+LAUNCH = [sys.executable, "-m", "launcher.cli"]
+
+# Small, fast settings for runs inside tests (the tiny model on the built-in task).
+FAST = ["model.n_layer=2", "model.d_model=64", "model.n_head=2", "data.eval_problems=16", "wandb.mode=disabled"]
+
+
+def run_launch(
+    args: list[str],
+    run_dir: Path | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run `launch <args>` in a subprocess (hydra.run.dir=run_dir when given); return its output."""
+    argv = [*LAUNCH, *args]
+    if run_dir is not None:
+        argv.append(f"hydra.run.dir={run_dir}")
+    full_env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
+    proc = subprocess.run(
+        argv, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"launch {' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return proc
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def read_losses(run_dir: Path) -> list[float]:
+    return [m["loss"] for m in read_metrics(run_dir)]
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def max_rel_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b), (len(a), len(b))
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
