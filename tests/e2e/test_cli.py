@@ -1,0 +1,86 @@
+"""The `launch` command end to end: usage, plan, errors, and the default job's outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FAST, max_rel_diff, read_losses, read_metrics, read_summary, run_launch
+
+pytestmark = pytest.mark.e2e
+
+METRIC_KEYS = {"step", "loss", "tokens", "lr", "grad_norm", "tokens_per_s"}
+SUMMARY_KEYS = {"steps", "final_loss", "tokens_per_s", "peak_memory_bytes", "world_size", "grad_accum", "eval_accuracy"}
+
+
+def test_usage_lists_commands_and_keys() -> None:
+    for args in ([], ["--help"]):
+        out = run_launch(args).stdout
+        assert "train" in out and "plan" in out and "batch.grad_accum" in out and "parallel.dp" in out
+    bad = run_launch(["fly"], check=False)
+    assert bad.returncode == 2 and "unknown command" in bad.stderr
+
+
+def test_hydra_flags_keep_working() -> None:
+    out = run_launch(["train", "--cfg", "job", "batch.grad_accum=2"]).stdout
+    assert "grad_accum: 2" in out
+    assert "model" in run_launch(["train", "--help"]).stdout
+
+
+def test_plan_writes_files_and_starts_nothing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = run_launch(["plan", "parallel.dp=2", "batch.global_size=16", "batch.micro_size=4"], run_dir).stdout
+    assert "torch.distributed.run --standalone --nproc_per_node=2" in out
+    assert "grad_accum 2" in out and "384 positions" in out
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["grad_accum"] == 2 and plan["micro_size"] == 4 and plan["world_size"] == 2
+    assert plan["runner"] == "torchrun" and "launcher.worker" in plan["command"]
+    assert (run_dir / "config.yaml").exists()
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        (["batch.global_size=10", "batch.micro_size=3"], ["batch.global_size", "batch.micro_size"]),
+        (["batch.foo=1"], ["batch.foo"]),
+        (["parallel.nodes=2", "parallel.dp=2"], ["parallel.nodes", "cluster"]),
+        (["data=text", "data.path=/nonexistent/file.txt"], ["data.path"]),
+    ],
+)
+def test_bad_override_fails_before_anything_runs(tmp_path: Path, overrides: list[str], names: list[str]) -> None:
+    run_dir = tmp_path / "run"
+    for command in ("plan", "train"):
+        proc = run_launch([command, *overrides], run_dir, check=False)
+        assert proc.returncode != 0
+        for name in names:
+            assert name in proc.stderr + proc.stdout
+        assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "config.yaml").exists()
+
+
+def test_default_job_writes_every_output(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = run_launch(["train", "train.steps=30", "train.log_every=10", "wandb.mode=disabled"], run_dir).stdout
+    assert "step 30/30" in out and "done: 30 steps" in out
+    for name in ("config.yaml", "plan.json", "metrics.jsonl", "summary.json"):
+        assert (run_dir / name).exists(), name
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == list(range(1, 31))
+    assert all(m.keys() >= METRIC_KEYS for m in metrics)
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+    summary = read_summary(run_dir)
+    assert summary.keys() >= SUMMARY_KEYS
+    assert summary["steps"] == 30 and summary["world_size"] == 1
+    assert 0.0 <= summary["eval_accuracy"] <= 1.0
+
+
+def test_micro_batch_split_gives_the_same_curve(tmp_path: Path) -> None:
+    curves = {}
+    for micro in (4, 16):
+        run_dir = tmp_path / f"micro{micro}"
+        run_launch(["train", "train.steps=10", "batch.global_size=16", f"batch.micro_size={micro}", *FAST], run_dir)
+        curves[micro] = read_losses(run_dir)
+        assert read_summary(run_dir)["grad_accum"] == 16 // micro
+    assert max_rel_diff(curves[4], curves[16]) < 1e-5

@@ -1,0 +1,70 @@
+"""`launch train parallel.dp=N` through torchrun: same curves as one process, clear failures."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import FAST, max_rel_diff, read_losses, read_metrics, run_launch
+
+pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
+
+SPLITS = {"dp1_accum4": (1, 4), "dp2_accum2": (2, 2), "dp2_accum1": (2, 1)}
+
+
+def test_loss_curves_equal_across_ranks_and_accumulation(tmp_path: Path) -> None:
+    curves = {}
+    for name, (dp, accum) in SPLITS.items():
+        run_dir = tmp_path / name
+        run_launch(
+            ["train", "train.steps=10", "batch.global_size=16", f"parallel.dp={dp}", f"batch.grad_accum={accum}", *FAST],
+            run_dir,
+        )
+        curves[name] = read_losses(run_dir)
+        if dp == 2:
+            metrics = read_metrics(run_dir)
+            assert all(m["rank_tokens_min"] <= m["rank_tokens_max"] for m in metrics)
+            assert any(m["rank_tokens_min"] < m["rank_tokens_max"] for m in metrics)  # uneven ranks
+            assert all(0.0 < m["padding_fraction"] < 1.0 for m in metrics)
+            assert all(m["tokens"] == m["rank_tokens_min"] + m["rank_tokens_max"] for m in metrics)
+    reference = curves["dp1_accum4"]
+    for name, curve in curves.items():
+        assert len(curve) == 10
+        assert max_rel_diff(curve, reference) < 1e-5, name
+
+
+def _leftover_workers(run_dir: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "launcher.worker" in cmdline and str(run_dir) in cmdline:
+            found.append(proc)
+    return found
+
+
+def test_a_rank_that_raises_stops_the_job(tmp_path: Path) -> None:
+    run_dir = tmp_path / "fails"
+    start = time.monotonic()
+    proc = run_launch(
+        ["train", "train.steps=50", "parallel.dp=2", "batch.global_size=8", "debug.raise_at_step=3", "debug.raise_on_rank=1", *FAST],
+        run_dir,
+        check=False,
+        timeout=120,
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "rank 1 failed" in output and "raises on purpose" in output
+    assert len(read_metrics(run_dir)) < 50
+    assert elapsed < 100  # generous: the point is that it does not hang until a timeout
+    assert _leftover_workers(run_dir) == []
+
+
+def test_more_ranks_than_cores_is_a_warning_and_nodes_need_slurm(tmp_path: Path) -> None:
+    proc = run_launch(["plan", "parallel.dp=64", "batch.global_size=64"], tmp_path / "many")
+    assert "warning" in proc.stdout + proc.stderr and "CPU core" in proc.stdout + proc.stderr
+    bad = run_launch(["plan", "parallel.dp=4", "parallel.nodes=2", "batch.global_size=8"], tmp_path / "nodes", check=False)
+    assert bad.returncode == 2 and "cluster=slurm" in bad.stderr

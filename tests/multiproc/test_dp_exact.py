@@ -1,0 +1,144 @@
+"""Two real gloo ranks: the token-exact loss across ranks and micro-batches, one gradient sync per
+step, one token-count all-reduce per step, and a step with no valid token skipped everywhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+import launcher.worker.loop as loop_module
+from launcher.data import build_dataset
+from launcher.data.sequence import IGNORE_INDEX, Sample
+from tests.harness import (
+    build_trainer,
+    free_port,
+    join_group,
+    make_config,
+    one_step_gradient,
+    record_gradients,
+    relative_error,
+)
+
+pytestmark = pytest.mark.multiproc
+WORLD = 2
+
+
+def _spawn(fn: Any, *args: Any) -> None:
+    mp.spawn(fn, args=(free_port(), *args), nprocs=WORLD, join=True)
+
+
+def _gradient_rank(rank: int, port: int, out: str, sections: dict) -> None:
+    ctx = join_group(rank, WORLD, port)
+    try:
+        trainer = build_trainer(make_config(**sections), ctx, Path(out))
+        grads = record_gradients(trainer)
+        trainer.train_step(0)
+        torch.save(grads[0], Path(out) / f"grad_rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dp2_accum3_gradient_equals_single_process(tmp_path: Path) -> None:
+    split = {"parallel": {"dp": 2}, "batch": {"global_size": 12, "grad_accum": 3}}
+    _spawn(_gradient_rank, str(tmp_path), split)
+    reference = one_step_gradient(make_config(batch={"global_size": 12}), tmp_path)
+    for rank in range(WORLD):
+        grad = torch.load(tmp_path / f"grad_rank{rank}.pt")
+        assert relative_error(grad, reference) < 1e-5
+
+    # Negative control on the same data: mean of per-micro-batch, per-rank means.
+    broken = {**split, "debug": {"broken_normalization": True}}
+    _spawn(_gradient_rank, str(tmp_path), broken)
+    wrong = torch.load(tmp_path / "grad_rank0.pt")
+    assert relative_error(wrong, reference) > 1e-3
+
+
+def _count_rank(rank: int, port: int, out: str, accum: int) -> None:
+    ctx = join_group(rank, WORLD, port)
+    counts = {"gradient_allreduce": 0, "token_count": 0}
+    real_count = loop_module.all_reduce_token_counts
+    try:
+        trainer = build_trainer(
+            make_config(parallel={"dp": 2}, batch={"global_size": 16, "grad_accum": accum}), ctx, Path(out)
+        )
+
+        # No annotations: DDP checks them at runtime and this module postpones their evaluation.
+        def counting_hook(state, bucket):  # type: ignore[no-untyped-def]
+            counts["gradient_allreduce"] += 1
+            return allreduce_hook(state, bucket)
+
+        trainer.engine.model.register_comm_hook(None, counting_hook)  # type: ignore[operator]
+
+        def counting_tokens(*args: Any, **kwargs: Any) -> Any:
+            counts["token_count"] += 1
+            return real_count(*args, **kwargs)
+
+        loop_module.all_reduce_token_counts = counting_tokens  # type: ignore[assignment]
+        for step in range(2):
+            trainer.train_step(step)
+        if rank == 0:
+            (Path(out) / f"counts_accum{accum}.json").write_text(json.dumps(counts))
+    finally:
+        loop_module.all_reduce_token_counts = real_count  # type: ignore[assignment]
+        dist.destroy_process_group()
+
+
+def test_one_gradient_sync_and_one_token_count_per_step(tmp_path: Path) -> None:
+    for accum in (1, 4):
+        _spawn(_count_rank, str(tmp_path), accum)
+    one = json.loads((tmp_path / "counts_accum1.json").read_text())
+    four = json.loads((tmp_path / "counts_accum4.json").read_text())
+    assert one["gradient_allreduce"] == four["gradient_allreduce"] > 0
+    assert one["token_count"] == four["token_count"] == 2  # once per step, 2 steps
+
+
+class _EmptyStepDataset:
+    """The reverse task, except that every sample of step 1 has no valid target."""
+
+    def __init__(self, inner: Any, global_size: int) -> None:
+        self.inner, self.global_size = inner, global_size
+
+    def __len__(self) -> int:
+        return 0
+
+    def __getitem__(self, index: int) -> Sample:
+        sample = self.inner[index]
+        if index // self.global_size == 1:
+            return Sample(sample.input_ids, torch.full_like(sample.targets, IGNORE_INDEX))
+        return sample
+
+    def eval_problems(self) -> list[tuple[bytes, bytes]]:
+        return []
+
+
+def _empty_step_rank(rank: int, port: int, out: str) -> None:
+    ctx = join_group(rank, WORLD, port)
+    try:
+        cfg = make_config(parallel={"dp": 2}, batch={"global_size": 8, "grad_accum": 2})
+        data = _EmptyStepDataset(build_dataset(cfg.data, cfg.model.seq_len, 0), 8)
+        trainer = build_trainer(cfg, ctx, Path(out), dataset=data)
+        results = []
+        for step in range(3):
+            before = [p.detach().clone() for p in trainer.engine.module.parameters()]
+            r = trainer.train_step(step)
+            unchanged = all(torch.equal(a, p) for a, p in zip(before, trainer.engine.module.parameters(), strict=True))
+            results.append({"loss": r.loss, "tokens": r.tokens.total, "unchanged": unchanged})
+        (Path(out) / f"empty_rank{rank}.json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_step_without_valid_tokens_is_skipped_on_every_rank(tmp_path: Path) -> None:
+    _spawn(_empty_step_rank, str(tmp_path))
+    for rank in range(WORLD):
+        results = json.loads((tmp_path / f"empty_rank{rank}.json").read_text())
+        assert results[1] == {"loss": None, "tokens": 0, "unchanged": True}
+        for r in (results[0], results[2]):
+            assert r["loss"] is not None and r["loss"] == r["loss"] and not r["unchanged"]
