@@ -47,14 +47,18 @@ CONFIG = {
 }
 
 
-def floor_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer, dataset, indices) -> None:
+def floor_step(
+    model: DistributedDataParallel, optimizer: torch.optim.Optimizer, dataset, indices
+) -> None:
     """The textbook loop: per-micro-batch mean loss, no_sync on all but the last, clip, step."""
     batches = [collate([dataset[i] for i in mb]) for mb in indices]
     for m, (inputs, targets) in enumerate(batches):
         ctx = model.no_sync() if m < len(batches) - 1 else nullcontext()
         with ctx:
             logits = model(inputs)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
+            )
             (loss / len(batches)).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
@@ -62,12 +66,24 @@ def floor_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
 
 
 def _rank(rank: int, port: int, rounds: int, steps: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_RANK=str(rank),
+    )
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // WORLD))
     ctx = init_distributed("cpu")
     cfg = to_root_config(CONFIG)
     dataset = build_dataset(cfg.data, cfg.model.seq_len, 0)
-    trainer = Trainer(cfg, ctx, build_engine(cfg, build_model(cfg), ctx), dataset, Tracker(Path(out), 1, 1, enabled=False))
+    trainer = Trainer(
+        cfg,
+        ctx,
+        build_engine(cfg, build_model(cfg), ctx),
+        dataset,
+        Tracker(Path(out), 1, 1, enabled=False),
+    )
     floor_model = DistributedDataParallel(build_model(cfg))
     floor_opt = build_optimizer(floor_model.module, cfg.optim)
     split = cfg.split()
@@ -81,7 +97,12 @@ def _rank(rank: int, port: int, rounds: int, steps: int, out: str) -> None:
                 if name == "launcher":
                     trainer.train_step(step)
                 else:
-                    floor_step(floor_model, floor_opt, dataset, trainer.sampler.micro_batches(step, split, rank))
+                    floor_step(
+                        floor_model,
+                        floor_opt,
+                        dataset,
+                        trainer.sampler.micro_batches(step, split, rank),
+                    )
                 step += 1
             times[name].append((time.perf_counter() - start) / steps)
         dist.barrier()
@@ -110,7 +131,9 @@ def main() -> None:
         times = json.loads(Path(out, "times.json").read_text())
     med = {k: statistics.median(v) for k, v in times.items()}
     ratios = [a / b for a, b in zip(times["launcher"], times["floor"], strict=True)]
-    print(f"| model | split | launcher step | floor step | launcher / floor (median of {args.rounds} rounds) | token all-reduce | all-reduce / step |")
+    print(
+        f"| model | split | launcher step | floor step | launcher / floor (median of {args.rounds} rounds) | token all-reduce | all-reduce / step |"
+    )
     print("|---|---|---|---|---|---|---|")
     print(
         f"| GPT 4x128, seq 64 | dp 2 x accum 2 x micro 8 | {med['launcher'] * 1e3:.1f} ms | {med['floor'] * 1e3:.1f} ms "

@@ -6,7 +6,12 @@ from dataclasses import dataclass
 
 from launcher.errors import ConfigError
 
-GLOBAL, MICRO, ACCUM, DP = "batch.global_size", "batch.micro_size", "batch.grad_accum", "parallel.dp"
+GLOBAL, MICRO, ACCUM, DP = (
+    "batch.global_size",
+    "batch.micro_size",
+    "batch.grad_accum",
+    "parallel.dp",
+)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from launcher.config.load import to_root_config
 from launcher.config.store import register_configs
 from launcher.errors import LauncherError
 from launcher.logs import get_logger, setup_logging
+from launcher.sweep import job as sweep_job
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -24,6 +25,9 @@ usage: launch <command> [hydra overrides] [-m/--multirun] [--cfg job] [--help]
 commands:
   train      run a training job (in-process, torchrun, or sbatch on SLURM)
   plan       resolve and validate, print the plan, write config.yaml and plan.json; run nothing
+  sweep-summary SWEEP_DIR
+             write sweep_summary.csv/.md/.png: one row per point, loss curves checked
+             (`launch train -m` writes them itself; this is for points that ran as SLURM jobs)
 
 main config keys (override as key=value; groups as group=name):
   model=tiny|small|gpt2      model.n_layer model.n_head model.d_model model.seq_len model.dropout
@@ -34,7 +38,8 @@ main config keys (override as key=value; groups as group=name):
   engine=ddp|fsdp|deepspeed  engine.zero_stage  engine.extra
   cluster=local|slurm        cluster.partition cluster.time cluster.wait ...
   train.steps train.seed train.precision=fp32|bf16|fp16 train.resume=auto|never|PATH
-  optim.lr  checkpoint.every  checkpoint.keep  wandb.mode=offline|online|disabled
+  train.max_restarts  checkpoint.every  checkpoint.keep  checkpoint.overwrite
+  optim.lr  wandb.mode=offline|online|disabled
   hydra.run.dir=DIR          where the run's files go (default outputs/<date>/<time>)
 
 examples:
@@ -42,8 +47,11 @@ examples:
   launch train parallel.dp=2 batch.global_size=32 batch.grad_accum=4
   launch plan engine=deepspeed engine.zero_stage=3
   launch train -m batch.global_size=16 batch.grad_accum=1,2,4
+  launch train -m +sweep=accumulation
 
 `launch train --help` lists every config group and key; `launch train --cfg job` prints the config.
+Exit status: 0 done, 2 bad config (nothing started), 75 stopped on SIGTERM/SIGUSR1 after a
+checkpoint (run the same command to resume).
 """
 
 COMMANDS = ("train", "plan")
@@ -62,6 +70,8 @@ def _job(cfg: DictConfig, command: str) -> int:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         root = to_root_config(cfg)
+        if multirun:
+            root = sweep_job.start_point(root, run_dir, Path(hydra_cfg.sweep.dir))
         from launcher import commands
 
         if command == "plan":
@@ -70,13 +80,19 @@ def _job(cfg: DictConfig, command: str) -> int:
         code = commands.train_command(root, run_dir)
     except LauncherError as exc:
         get_logger().error(str(exc))
-        _discard_empty_run_dir(run_dir)
         if multirun:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "error.txt").write_text(str(exc) + "\n")
+            # A failing point fails alone; .hydra/overrides.yaml stays to name it in the summary.
+            sweep_job.record_failure(run_dir, str(exc))
             return exc.exit_code
+        _discard_empty_run_dir(run_dir)
         sys.exit(exc.exit_code)
-    if code and not multirun:
+    except Exception as exc:
+        if not multirun:
+            raise
+        return sweep_job.record_crash(run_dir, exc)
+    if code and multirun and not sweep_job.record_exit(run_dir, code):
+        return code  # the sweep goes on with the next point
+    if code:
         sys.exit(code)
     return code
 
@@ -97,6 +113,10 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, end="")
         sys.exit(0)
     command, rest = args[0], args[1:]
+    if command == "sweep-summary":
+        from launcher.sweep.command import summary_main
+
+        sys.exit(summary_main(rest))
     if command not in COMMANDS:
         print(f"launch: unknown command {command!r}\n", file=sys.stderr)
         print(USAGE, end="", file=sys.stderr)

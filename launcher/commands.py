@@ -8,17 +8,25 @@ from pathlib import Path
 
 import torch
 
-from launcher.config.load import to_yaml
+from launcher.checkpoint_files import check_resume, start_fresh
+from launcher.config.engine import EngineName
+from launcher.config.load import to_plain, to_yaml
 from launcher.config.root import RootConfig
+from launcher.config.train import Precision
 from launcher.data import build_dataset
+from launcher.engines.ds_config import DS_CONFIG_FILE, ds_config_json
 from launcher.errors import ConfigError
+from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.plan import Plan, build_plan, local_cpu_count, runner_kind
+from launcher.secrets import REDACTED, changed_keys, redact_tree, redactor_for
+from launcher.wandb_run import check_wandb
 
 log = get_logger("launch")
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
+HYDRA_DIR = ".hydra"
 
 
 def check_environment(cfg: RootConfig) -> RootConfig:
@@ -30,7 +38,9 @@ def check_environment(cfg: RootConfig) -> RootConfig:
     if runner_kind(cfg) == "slurm":
         return cfg
     per_node = cfg.parallel.ranks_per_node
-    wants_gpu = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
+    wants_gpu = cfg.train.device == "cuda" or (
+        cfg.train.device == "auto" and torch.cuda.is_available()
+    )
     if wants_gpu:
         gpus = torch.cuda.device_count()
         if per_node > gpus:
@@ -43,6 +53,13 @@ def check_environment(cfg: RootConfig) -> RootConfig:
         log.warning(
             f"parallel.dp={per_node} ranks on {local_cpu_count()} CPU core(s): they will share cores "
             "and run slower (fine for testing)."
+        )
+    fp16 = cfg.train.precision == Precision.fp16
+    if fp16 and cfg.engine.name == EngineName.deepspeed and not wants_gpu:
+        raise ConfigError(
+            ["train.precision", "engine"],
+            "DeepSpeed has no fp16 on CPU (its CPU accelerator supports fp32 and bf16).",
+            "use train.precision=bf16 or fp32 here, or run on GPUs.",
         )
     return cfg
 
@@ -63,10 +80,31 @@ def command_for(cfg: RootConfig, run_dir: Path) -> list[str]:
 def prepare_run(cfg: RootConfig, run_dir: Path) -> tuple[RootConfig, Plan]:
     """Validate against this machine, then write config.yaml and plan.json (nothing earlier)."""
     cfg = check_environment(cfg)
+    cfg = check_wandb(cfg)
+    cfg = check_resume(cfg, run_dir)  # a refused resume fails here, before anything is written
     plan = build_plan(cfg, command_for(cfg, run_dir))
+    # Generated (and checked against engine.extra) before anything is written.
+    ds_config = ds_config_json(cfg) if cfg.engine.name == EngineName.deepspeed else None
+    if ds_config is not None:
+        plan.files.append(DS_CONFIG_FILE)
+    if plan.runner == "slurm":
+        plan.files.append("train.sbatch")  # rendered and checked by command_for above
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(to_yaml(cfg), encoding="utf-8")
-    (run_dir / PLAN_FILE).write_text(json.dumps(plan.to_json(), indent=2) + "\n", encoding="utf-8")
+    # Credentials from the environment or typed into the config never reach the run directory.
+    plain = to_plain(cfg)
+    secrets = redactor_for(plain)
+    redacted = changed_keys(plain, secrets.data(plain))
+    if redacted:
+        log.warning(
+            f"{', '.join(redacted)}: holds a credential, written to {CONFIG_FILE} as {REDACTED} "
+            "(the ranks read that file too). Fix: pass credentials through the environment."
+        )
+    (run_dir / CONFIG_FILE).write_text(secrets.text(to_yaml(cfg)), encoding="utf-8")
+    plan_json = json.dumps(secrets.data(plan.to_json()), indent=2)
+    (run_dir / PLAN_FILE).write_text(plan_json + "\n", encoding="utf-8")
+    redact_tree(run_dir / HYDRA_DIR, secrets)  # Hydra's copies of the config and overrides
+    if ds_config is not None:
+        (run_dir / DS_CONFIG_FILE).write_text(secrets.text(ds_config), encoding="utf-8")
     if plan.runner == "slurm":
         from launcher.runners.slurm import write_sbatch
 
@@ -77,7 +115,15 @@ def prepare_run(cfg: RootConfig, run_dir: Path) -> tuple[RootConfig, Plan]:
 def plan_command(cfg: RootConfig, run_dir: Path) -> Plan:
     _, plan = prepare_run(cfg, run_dir)
     log.info(plan.describe())
-    log.info(f"wrote {run_dir / CONFIG_FILE} and {run_dir / PLAN_FILE}; nothing was started.")
+    if DS_CONFIG_FILE in plan.files:  # the file the run would hand DeepSpeed, byte for byte
+        ds_config = (run_dir / DS_CONFIG_FILE).read_text(encoding="utf-8")
+        log.info(f"{DS_CONFIG_FILE}:\n{ds_config.rstrip()}")
+    if plan.runner == "slurm":  # the script `launch train` would submit, byte for byte
+        log.info(
+            "train.sbatch:\n" + (run_dir / "train.sbatch").read_text(encoding="utf-8").rstrip()
+        )
+    written = ", ".join(str(run_dir / name) for name in (CONFIG_FILE, PLAN_FILE, *plan.files))
+    log.info(f"wrote {written}; nothing was started.")
     return plan
 
 
@@ -85,11 +131,12 @@ def train_command(cfg: RootConfig, run_dir: Path) -> int:
     cfg, plan = prepare_run(cfg, run_dir)
     log.info(plan.describe())
     log.info(f"run directory: {run_dir}")
+    start_fresh(cfg, run_dir)  # only with train.resume=never checkpoint.overwrite=true
     if plan.runner == "in-process":
         from launcher.worker.run import run_worker
 
-        run_worker(cfg, run_dir)
-        return 0
+        summary = run_worker(cfg, run_dir)
+        return STOPPED_RESUMABLE if summary.get("status") == "stopped" else 0
     if plan.runner == "torchrun":
         from launcher.runners.torchrun import run_torchrun
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from launcher.secrets import redact
+
 LOGGER_NAME = "launcher"
 
 
@@ -18,16 +20,24 @@ class _Formatter(logging.Formatter):
         text = self.prefix + level + record.getMessage()
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
-        return text
+        return redact(text)  # no credential reaches a console or a SLURM log file
 
 
 def setup_logging(rank: int = 0) -> logging.Logger:
     log = logging.getLogger(LOGGER_NAME)
     log.handlers.clear()
-    handler = logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)
     prefix = "" if rank == 0 else f"[rank {rank}] "
-    handler.setFormatter(_Formatter(prefix))
-    log.addHandler(handler)
+    # Progress and information on stdout; warnings and errors on stderr, from every rank.
+    problems = logging.StreamHandler(sys.stderr)
+    problems.setLevel(logging.WARNING)
+    handlers: list[logging.Handler] = [problems]
+    if rank == 0:
+        info = logging.StreamHandler(sys.stdout)
+        info.addFilter(lambda record: record.levelno < logging.WARNING)
+        handlers.append(info)
+    for handler in handlers:
+        handler.setFormatter(_Formatter(prefix))
+        log.addHandler(handler)
     log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     log.propagate = False
     return log

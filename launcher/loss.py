@@ -42,6 +42,8 @@ class StepTokens:
     per_rank: tuple[int, ...]
     positions: int
     """Target positions in the global batch (global_size x seq_len)."""
+    stop: bool = False
+    """Some rank was asked to stop (a signal): every rank stops before this step."""
 
     @property
     def total(self) -> int:
@@ -52,18 +54,24 @@ class StepTokens:
         return 1.0 - self.total / self.positions if self.positions else 0.0
 
 
-def all_reduce_token_counts(local_valid: int, positions: int, device: torch.device) -> StepTokens:
+def all_reduce_token_counts(
+    local_valid: int, positions: int, device: torch.device, stop: bool = False
+) -> StepTokens:
     """One all-reduce of a world-sized vector: every rank learns every rank's valid-token count.
 
     (A scalar SUM would give the total only; the vector costs the same one collective and also
-    gives the per-rank minimum and maximum that are logged.)
+    gives the per-rank minimum and maximum that are logged.) One extra slot carries this rank's
+    stop request, so the ranks agree on a graceful stop without a collective of its own.
     """
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return StepTokens((local_valid,), positions)
-    counts = torch.zeros(dist.get_world_size(), dtype=torch.float64, device=device)
+        return StepTokens((local_valid,), positions, stop)
+    world = dist.get_world_size()
+    counts = torch.zeros(world + 1, dtype=torch.float64, device=device)
     counts[dist.get_rank()] = local_valid
+    counts[world] = float(stop)
     dist.all_reduce(counts)
-    return StepTokens(tuple(int(c) for c in counts.tolist()), positions)
+    values = counts.tolist()
+    return StepTokens(tuple(int(c) for c in values[:world]), positions, values[world] > 0)
 
 
 def micro_loss(

@@ -11,6 +11,8 @@ import torch
 from launcher.config.cluster import ClusterKind
 from launcher.config.root import RootConfig
 from launcher.config.train import Precision
+from launcher.engines.state_memory import state_bytes_per_rank
+from launcher.memory_estimate import estimate_all
 from launcher.models import GPT
 
 BYTES_PER_ELEMENT = {Precision.fp32: 4, Precision.bf16: 2, Precision.fp16: 2}
@@ -20,18 +22,6 @@ def count_parameters(cfg: RootConfig) -> int:
     """Exact parameter count, from a model built on the meta device (no memory, no time)."""
     with torch.device("meta"):
         return GPT(cfg.model).num_params()
-
-
-def activation_bytes_estimate(cfg: RootConfig, micro_size: int) -> int:
-    """Saved-for-backward bytes of one micro-batch without recompute, per Korthikanti et al. 2022:
-    per block about s*b*h*(34 + 5*a*s/h) bytes in 16-bit (twice that in fp32), plus embeddings
-    and logits. An estimate; runs report the measured `activation_bytes`."""
-    m = cfg.model
-    s, b, h, a = m.seq_len, micro_size, m.d_model, m.n_head
-    scale = BYTES_PER_ELEMENT[cfg.train.precision] / 2
-    per_block = s * b * h * (34 + 5 * a * s / h) * scale
-    logits = s * b * m.vocab_size * 4 * 2  # logits and their fp32 log-softmax
-    return int(m.n_layer * per_block + logits)
 
 
 @dataclass
@@ -55,6 +45,8 @@ class Plan:
     runner: str
     command: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    activation_estimates: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per recompute policy: activation_bytes, activation_peak_bytes, recompute_flops_ratio."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,12 +59,23 @@ class Plan:
             f"tokens/step {self.tokens_per_step:,} positions ({self.global_size} x seq_len {self.seq_len})",
             f"model       {self.parameters:,} parameters, {self.precision}",
             f"engine      {self.engine}{stage}, recompute: {self.ac}",
-            f"memory est. params {_mib(self.memory_estimate['parameters'])}, optimizer {_mib(self.memory_estimate['optimizer'])}, activations/micro-batch {_mib(self.memory_estimate['activations'])}",
+            f"memory est. params {_mib(self.memory_estimate['parameters'])}, optimizer {_mib(self.memory_estimate['optimizer'])}, activations/micro-batch {_mib(self.memory_estimate['activations'])} (peak {_mib(self.memory_estimate['activations_peak'])})",
+            "recompute   " + _recompute_table(self.activation_estimates, self.ac),
             f"runner      {self.runner}",
         ]
         if self.command:
             lines.append("command     " + " ".join(self.command))
         return "\n".join(lines)
+
+
+def _recompute_table(estimates: dict[str, dict[str, float]], chosen: str) -> str:
+    """One entry per policy: activation MiB kept / peak per micro-batch, and the FLOPs ratio."""
+    cells = [
+        f"{'*' if name == chosen else ''}{name} {e['activation_bytes'] / 2**20:,.1f}/"
+        f"{e['activation_peak_bytes'] / 2**20:,.1f} MiB x{e['recompute_flops_ratio']:.2f}"
+        for name, e in estimates.items()
+    ]
+    return "est. kept/peak activations, FLOPs: " + ", ".join(cells)
 
 
 def _mib(n: int) -> str:
@@ -88,7 +91,8 @@ def runner_kind(cfg: RootConfig) -> str:
 def build_plan(cfg: RootConfig, command: list[str] | None = None) -> Plan:
     split = cfg.split()
     params = count_parameters(cfg)
-    width = BYTES_PER_ELEMENT[cfg.train.precision]
+    estimates = estimate_all(cfg, split.micro_size)
+    chosen = estimates[cfg.ac.policy.value]
     return Plan(
         world_size=split.dp,
         nodes=cfg.parallel.nodes,
@@ -104,15 +108,17 @@ def build_plan(cfg: RootConfig, command: list[str] | None = None) -> Plan:
         precision=cfg.train.precision.value,
         parameters=params,
         memory_estimate={
-            "parameters": params * width,
-            "gradients": params * 4,
-            "optimizer": params * 4 * 2,  # AdamW's two fp32 moments
-            "activations": activation_bytes_estimate(cfg, split.micro_size),
+            **state_bytes_per_rank(cfg, params),  # per rank: what the engine shards over dp
+            "activations": chosen.activation_bytes,
+            "activations_peak": chosen.activation_peak_bytes,
         },
         runner=runner_kind(cfg),
         command=command or [],
+        activation_estimates={name: e.to_json() for name, e in estimates.items()},
     )
 
 
 def local_cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )

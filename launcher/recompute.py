@@ -1,33 +1,182 @@
-"""Activation-checkpoint policies (recompute, not model checkpoints), applied to the model's block
-list after it is built and before the engine wraps it."""
+"""Activation-checkpoint policies (recompute, not model checkpoints).
+
+A policy is a closed set of choices (`ac=none|full|every_n|sqrt|selective`) turned into a plan of
+*segments*: runs of consecutive blocks that are either kept (every activation saved), recomputed
+as one unit (only the segment's input is kept), or selectively recomputed (matmul and attention
+outputs kept, cheap ops recomputed). `apply_recompute` installs that plan as the model's
+`run_blocks`, after the model is built and before an engine wraps it. No block is re-parented, so
+parameter names and state_dict keys are identical under every policy, and an engine may still
+shard each block (FSDP2's `fully_shard`) after the policy is applied.
+
+Recompute uses non-reentrant `torch.utils.checkpoint` with the RNG state preserved, so dropout
+draws the same masks in the recomputation as in the forward and gradients do not change.
+"""
 
 from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from launcher.config.ac import AcConfig, AcPolicy
-from launcher.errors import ConfigError
+from launcher.logs import get_logger
+from launcher.recompute_selective import selective_contexts
+
+log = get_logger("recompute")
 
 
-class CheckpointedBlock(nn.Module):
-    """Runs `inner` under non-reentrant checkpointing: only its input is kept for backward."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return checkpoint(self.inner, x, use_reentrant=False, preserve_rng_state=True)
+class SegmentMode(str, Enum):
+    keep = "keep"
+    """Run normally: every activation is saved for backward."""
+    full = "full"
+    """Checkpoint the segment: keep its input only, rerun its forward in backward."""
+    selective = "selective"
+    """Checkpoint with an op policy: keep matmul/attention outputs, recompute the cheap ops."""
 
 
-def apply_recompute(blocks: nn.ModuleList, cfg: AcConfig) -> None:
-    """Wrap blocks in place according to the policy."""
-    if cfg.policy == AcPolicy.none:
-        return
-    if cfg.policy == AcPolicy.full:
-        for i, block in enumerate(blocks):
-            blocks[i] = CheckpointedBlock(block)
-        return
-    raise ConfigError("ac", f"granularity {cfg.policy.value} is not implemented yet.", "use ac=none or ac=full.")
+@dataclass(frozen=True)
+class Segment:
+    """Blocks [start, stop) run as one unit in one mode."""
+
+    start: int
+    stop: int
+    mode: SegmentMode
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def sqrt_segment_size(n_layer: int) -> int:
+    """Blocks per sqrt segment: about sqrt(L), so both the kept segment inputs (L/k) and the one
+    segment recomputed at a time (k blocks) grow like sqrt(L) (Chen et al. 2016)."""
+    return max(1, round(math.sqrt(n_layer)))
+
+
+def plan_segments(policy: AcPolicy, n_layer: int, every_n: int = 2) -> tuple[Segment, ...]:
+    """The segments of a policy for `n_layer` blocks, in order, covering every block once."""
+    if policy == AcPolicy.none:
+        modes = [SegmentMode.keep] * n_layer
+    elif policy == AcPolicy.full:
+        modes = [SegmentMode.full] * n_layer
+    elif policy == AcPolicy.selective:
+        modes = [SegmentMode.selective] * n_layer
+    elif policy == AcPolicy.every_n:
+        # Blocks 0, n, 2n, ... : ceil(L/n) of them, so n=1 is `full` and the count falls with n.
+        modes = [SegmentMode.full if i % every_n == 0 else SegmentMode.keep for i in range(n_layer)]
+    elif policy == AcPolicy.sqrt:
+        k = sqrt_segment_size(n_layer)
+        return tuple(
+            Segment(i, min(i + k, n_layer), SegmentMode.full) for i in range(0, n_layer, k)
+        )
+    else:  # pragma: no cover - AcPolicy is a closed enum
+        raise ValueError(f"unknown activation-checkpoint policy {policy!r}")
+    return _merge_kept(modes)
+
+
+def _merge_kept(modes: Sequence[SegmentMode]) -> tuple[Segment, ...]:
+    """One segment per recomputed block; consecutive kept blocks merged into one segment."""
+    segments: list[Segment] = []
+    for i, mode in enumerate(modes):
+        if mode == SegmentMode.keep and segments and segments[-1].mode == SegmentMode.keep:
+            segments[-1] = Segment(segments[-1].start, i + 1, mode)
+        else:
+            segments.append(Segment(i, i + 1, mode))
+    return tuple(segments)
+
+
+def _run_range(blocks: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    for block in blocks:
+        x = block(x)
+    return x
+
+
+@functools.cache
+def _offload_notice() -> None:
+    log.info(
+        "ac.offload=true: saved activations already live in host memory on CPU; nothing to offload."
+    )
+
+
+class RecomputeRunner:
+    """Runs a model's blocks segment by segment (the model's `run_blocks`)."""
+
+    def __init__(
+        self, segments: Sequence[Segment], offload: bool = False, dropout: bool = False
+    ) -> None:
+        self.segments = tuple(segments)
+        self.offload = offload
+        self._selective = functools.partial(selective_contexts, keep_narrowing=dropout)
+
+    def __call__(self, blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+        if self.segments and self.segments[-1].stop != len(blocks):
+            raise ValueError(
+                f"the recompute plan covers {self.segments[-1].stop} blocks, the model has {len(blocks)}"
+            )
+        with self._offload_context(x):
+            for seg in self.segments:
+                run: Callable[[torch.Tensor], torch.Tensor] = functools.partial(
+                    _run_range, [blocks[i] for i in range(seg.start, seg.stop)]
+                )
+                if seg.mode == SegmentMode.keep or not torch.is_grad_enabled():
+                    x = run(x)
+                elif seg.mode == SegmentMode.full:
+                    x = checkpoint(run, x, use_reentrant=False, preserve_rng_state=True)
+                else:
+                    x = checkpoint(
+                        run,
+                        x,
+                        use_reentrant=False,
+                        preserve_rng_state=True,
+                        context_fn=self._selective,
+                    )
+        return x
+
+    def _offload_context(self, x: torch.Tensor) -> AbstractContextManager[Any]:
+        if not self.offload or not torch.is_grad_enabled():
+            return nullcontext()
+        if x.device.type != "cuda":
+            _offload_notice()
+            return nullcontext()
+        # Whatever the policy keeps outside recompute regions goes to pinned host memory.
+        return torch.autograd.graph.save_on_cpu(pin_memory=True)
+
+    def describe(self) -> str:
+        recomputed = [s for s in self.segments if s.mode != SegmentMode.keep]
+        if not recomputed:
+            return "no recompute"
+        parts = [f"{s.start}" if s.size == 1 else f"{s.start}-{s.stop - 1}" for s in recomputed]
+        mode = "selective" if recomputed[0].mode == SegmentMode.selective else "recomputed"
+        return f"{len(recomputed)} {mode} segment(s), blocks {', '.join(parts)}"
+
+
+class HasBlocks(Protocol):
+    """What a policy needs from a model: its block list and the function that runs it."""
+
+    blocks: nn.ModuleList
+    run_blocks: Callable[[nn.ModuleList, torch.Tensor], torch.Tensor]
+
+
+def uses_dropout(blocks: nn.Module) -> bool:
+    return any(isinstance(m, nn.Dropout) and m.p > 0 for m in blocks.modules())
+
+
+def build_runner(cfg: AcConfig, blocks: nn.ModuleList) -> RecomputeRunner:
+    segments = plan_segments(cfg.policy, len(blocks), cfg.every_n)
+    return RecomputeRunner(segments, cfg.offload, dropout=uses_dropout(blocks))
+
+
+def apply_recompute(model: HasBlocks, cfg: AcConfig) -> RecomputeRunner:
+    """Install the policy as `model.run_blocks` (before any engine wraps the model)."""
+    runner = build_runner(cfg, model.blocks)
+    model.run_blocks = runner
+    log.info(f"recompute: ac={cfg.policy.value}: {runner.describe()}")
+    return runner

@@ -24,7 +24,11 @@ SMALL_MODEL = {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 24, "dropout
 
 
 def make_config(**sections: dict[str, Any]) -> RootConfig:
-    base: dict[str, Any] = {"model": dict(SMALL_MODEL), "train": {"steps": 4}, "wandb": {"mode": "disabled"}}
+    base: dict[str, Any] = {
+        "model": dict(SMALL_MODEL),
+        "train": {"steps": 4},
+        "wandb": {"mode": "disabled"},
+    }
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}
     return to_root_config(base)
@@ -35,7 +39,9 @@ def build_trainer(
 ) -> Trainer:
     model = build_model(cfg)
     engine = build_engine(cfg, model, ctx)
-    data = build_dataset(cfg.data, cfg.model.seq_len, cfg.train.seed) if dataset is None else dataset
+    data = (
+        build_dataset(cfg.data, cfg.model.seq_len, cfg.train.seed) if dataset is None else dataset
+    )
     tracker = Tracker(run_dir, cfg.train.steps, cfg.train.log_every, enabled=False)
     return Trainer(cfg, ctx, engine, data, tracker)
 
@@ -47,7 +53,11 @@ def record_gradients(trainer: Trainer) -> list[torch.Tensor]:
     original: Callable[[], float] = engine.step
 
     def step_and_record() -> float:
-        grads = [p.grad.detach().clone().flatten() for p in engine.module.parameters() if p.grad is not None]
+        grads = [
+            p.grad.detach().clone().flatten()
+            for p in engine.module.parameters()
+            if p.grad is not None
+        ]
         seen.append(torch.cat(grads))
         return original()
 
@@ -80,7 +90,10 @@ def free_port() -> int:
 def join_group(rank: int, world: int, port: int) -> DistContext:
     """Inside a spawned process: the env:// rendezvous that torchrun would set up."""
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank),
     )
     torch.set_num_threads(1)

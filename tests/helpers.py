@@ -13,7 +13,13 @@ REPO = Path(__file__).resolve().parent.parent
 LAUNCH = [sys.executable, "-m", "launcher.cli"]
 
 # Small, fast settings for runs inside tests (the tiny model on the built-in task).
-FAST = ["model.n_layer=2", "model.d_model=64", "model.n_head=2", "data.eval_problems=16", "wandb.mode=disabled"]
+FAST = [
+    "model.n_layer=2",
+    "model.d_model=64",
+    "model.n_head=2",
+    "data.eval_problems=16",
+    "wandb.mode=disabled",
+]
 
 
 def run_launch(

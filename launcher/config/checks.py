@@ -21,6 +21,4 @@ def require_non_negative(key: str, value: int | float) -> None:
 
 def require_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(
-            key, f"unknown value {value!r}.", f"use one of: {', '.join(choices)}."
-        )
+        raise ConfigError(key, f"unknown value {value!r}.", f"use one of: {', '.join(choices)}.")

@@ -1,11 +1,18 @@
-"""Where the job runs: this machine, or SLURM."""
+"""Where the job runs: this machine, or SLURM.
+
+Every SLURM value lands in train.sbatch. Values on `#SBATCH` lines are read by sbatch, which splits
+on blanks and treats `#` and quotes specially, so they are checked against a strict pattern here;
+values in the script body are also shell-quoted when rendered (launcher/runners/slurm.py).
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 
-from launcher.config.checks import require_non_negative
+from launcher.config.checks import require_non_negative, require_positive
+from launcher.errors import ConfigError
 
 
 class ClusterKind(str, Enum):
@@ -13,9 +20,96 @@ class ClusterKind(str, Enum):
     slurm = "slurm"
 
 
+# sbatch --signal accepts at most 0xffff seconds.
+MAX_SIGNAL_SECONDS = 65535
+
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_LIST = re.compile(r"[A-Za-z0-9._,+-]{1,256}")  # partition, account, qos: names or a comma list
+_CONSTRAINT = re.compile(r"[A-Za-z0-9._,&|*:()\[\]-]{1,256}")  # features: a100&ib, [rack1|rack2]
+_MEM = re.compile(r"[0-9]+[KMGT]?")
+_TIME = re.compile(r"(?:(?P<d>[0-9]+)-)?(?P<a>[0-9]+)(?::(?P<b>[0-9]+))?(?::(?P<c>[0-9]+))?")
+# A long option with an optional value; no blanks, quotes, '#', '\\', '$' or '`'.
+_DIRECTIVE = re.compile(r"--[A-Za-z][A-Za-z0-9-]*(?:=[^\s'\"\\#$`]+)?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+MANAGED_DIRECTIVES = {
+    "job-name": "cluster.job_name",
+    "nodes": "parallel.nodes",
+    "ntasks": "parallel.nodes (one task per node)",
+    "ntasks-per-node": "parallel.dp (one task per node runs torchrun)",
+    "gpus-per-node": "cluster.gpus_per_node",
+    "cpus-per-task": "cluster.cpus_per_task",
+    "mem": "cluster.mem",
+    "time": "cluster.time",
+    "partition": "cluster.partition",
+    "account": "cluster.account",
+    "qos": "cluster.qos",
+    "constraint": "cluster.constraint",
+    "output": "the run directory (slurm-<job id>.out)",
+    "error": "the run directory (slurm-<job id>.err)",
+    "open-mode": "the run directory (logs are appended across requeues)",
+    "signal": "cluster.signal_seconds",
+    "requeue": "cluster.max_requeues",
+    "no-requeue": "cluster.max_requeues=0",
+    "wait": "cluster.wait",
+    "array": "a sweep (`launch train -m`), which submits one job per point",
+}
+"""Options the launcher writes itself, and the setting that controls each."""
+
+
+def time_limit_seconds(value: str) -> int:
+    """SLURM's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    match = _TIME.fullmatch(value)
+    if not match:
+        raise ConfigError(
+            "cluster.time",
+            f"{value!r} is not a SLURM time limit.",
+            "use [D-]HH:MM:SS, e.g. cluster.time=04:00:00 or cluster.time=2-00:00:00.",
+        )
+    days = int(match["d"] or 0)
+    parts = [int(p) for p in (match["a"], match["b"], match["c"]) if p is not None]
+    if match["d"] is not None:  # D-H, D-H:M, D-H:M:S
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    else:  # M or M:S
+        hours, (minutes, seconds) = 0, [*parts, 0][:2]
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total <= 0:
+        raise ConfigError(
+            "cluster.time", f"{value!r} is no time at all.", "set a positive time limit."
+        )
+    return total
+
+
+def _check_pattern(key: str, value: str | None, pattern: re.Pattern[str], allowed: str) -> None:
+    if value is not None and not pattern.fullmatch(value):
+        raise ConfigError(
+            key,
+            f"{value!r} has characters SLURM or the shell would misread.",
+            f"use only {allowed}.",
+        )
+
+
+def _check_directive(index: int, text: str) -> None:
+    key = f"cluster.extra_directives[{index}]"
+    if not _DIRECTIVE.fullmatch(text):
+        raise ConfigError(
+            key,
+            f"{text!r} is not a single long sbatch option.",
+            "write one option per item as --name or --name=value, without blanks, quotes, '#', '\\', '$' or '`' "
+            "(e.g. --exclusive, --gres=gpu:a100:4, --mail-user=me@example.org).",
+        )
+    name = text[2:].split("=", 1)[0]
+    if name in MANAGED_DIRECTIVES:
+        raise ConfigError(
+            key, f"--{name} is written by the launcher.", f"set {MANAGED_DIRECTIVES[name]} instead."
+        )
+
+
 @dataclass
 class ClusterConfig:
-    """cluster=local runs here; cluster=slurm renders train.sbatch and submits it."""
+    """cluster=local runs here; cluster=slurm renders <run dir>/train.sbatch and submits it."""
 
     name: ClusterKind = ClusterKind.local
     """local | slurm."""
@@ -24,30 +118,91 @@ class ClusterConfig:
     partition: str | None = None
     """slurm: partition (null: the cluster's default)."""
     account: str | None = None
+    """slurm: account to charge (null: your default account)."""
     qos: str | None = None
+    """slurm: quality of service (null: the default)."""
     constraint: str | None = None
+    """slurm: node features, e.g. a100&ib (null: any node)."""
     time: str = "01:00:00"
     """slurm: time limit, [D-]HH:MM:SS."""
     gpus_per_node: int = 0
-    """slurm: GPUs per node (0 for CPU jobs)."""
+    """slurm: GPUs per node (0 for CPU jobs); ranks per node must not exceed it."""
     cpus_per_task: int | None = None
-    """slurm: CPUs for each node's task (null: the cluster's default)."""
+    """slurm: CPUs for each node's task, shared by that node's ranks (null: the cluster's default)."""
     mem: str | None = None
-    """slurm: memory per node, e.g. 64G (null: the cluster's default)."""
+    """slurm: memory per node, e.g. 64G; 0 means all of it (null: the cluster's default)."""
     signal_seconds: int = 120
-    """slurm: USR1 this many seconds before the time limit, to checkpoint and requeue."""
+    """slurm: USR1 this many seconds before the time limit, to checkpoint and requeue (0: none)."""
     max_requeues: int = 3
-    """slurm: requeue a preempted job at most this many times."""
-    port: int = 29500
-    """slurm: c10d rendezvous port on the first node."""
+    """slurm: requeue a stopped job at most this many times (SLURM_RESTART_COUNT counts them)."""
+    port: int | None = None
+    """slurm: c10d rendezvous port on the first node (null: 29500 + job id % 1000, so that jobs sharing a node differ)."""
     wait: bool = False
-    """slurm: wait for the job to end and exit with its status."""
+    """slurm: wait for the job to end (sbatch --wait) and exit with its status."""
+    python: str | None = None
+    """slurm: the Python the nodes run (null: the one running `launch`; `python` if cluster.setup puts one on PATH)."""
     extra_directives: list[str] = field(default_factory=list)
-    """slurm: further #SBATCH options, e.g. ['--exclusive']."""
+    """slurm: further #SBATCH options, one --name=value per item, e.g. ['--exclusive']."""
     setup: list[str] = field(default_factory=list)
-    """slurm: shell lines run before training (module load, source venv/bin/activate)."""
+    """slurm: shell lines run before training (module load ..., source venv/bin/activate)."""
 
     def __post_init__(self) -> None:
+        _check_pattern(
+            "cluster.job_name",
+            self.job_name,
+            _NAME,
+            "letters, digits, '.', '_' and '-' (at most 128)",
+        )
+        for key in ("partition", "account", "qos"):
+            _check_pattern(
+                f"cluster.{key}",
+                getattr(self, key),
+                _LIST,
+                "letters, digits, '.', '_', '-', '+' and ','",
+            )
+        _check_pattern(
+            "cluster.constraint",
+            self.constraint,
+            _CONSTRAINT,
+            "feature names joined by & | , with [ ] ( ) *",
+        )
+        _check_pattern(
+            "cluster.mem",
+            self.mem,
+            _MEM,
+            "a number with an optional K, M, G or T suffix (e.g. 64G)",
+        )
+        limit = time_limit_seconds(self.time)
         require_non_negative("cluster.gpus_per_node", self.gpus_per_node)
+        require_positive("cluster.cpus_per_task", self.cpus_per_task, allow_none=True)
         require_non_negative("cluster.signal_seconds", self.signal_seconds)
         require_non_negative("cluster.max_requeues", self.max_requeues)
+        if self.signal_seconds > MAX_SIGNAL_SECONDS:
+            raise ConfigError(
+                "cluster.signal_seconds", f"SLURM allows at most {MAX_SIGNAL_SECONDS}.", "lower it."
+            )
+        if self.signal_seconds >= limit:
+            raise ConfigError(
+                ["cluster.signal_seconds", "cluster.time"],
+                f"the stop signal {self.signal_seconds} s before the end would come before the job starts ({self.time}).",
+                "lower cluster.signal_seconds or raise cluster.time.",
+            )
+        if self.port is not None and not 1024 <= self.port <= 65535:
+            raise ConfigError(
+                "cluster.port", f"{self.port} is not a usable port.", "use 1024-65535, or null."
+            )
+        if self.python is not None and (not self.python or _CONTROL.search(self.python)):
+            raise ConfigError(
+                "cluster.python",
+                "is empty or has control characters.",
+                "give a path or a command name.",
+            )
+        for i, directive in enumerate(self.extra_directives):
+            _check_directive(i, directive)
+        for i, line in enumerate(self.setup):
+            if _CONTROL.search(line.replace("\t", " ")):
+                raise ConfigError(
+                    f"cluster.setup[{i}]",
+                    "holds a newline or another control character.",
+                    "give each shell line as its own list item.",
+                )

@@ -48,5 +48,6 @@ class DataConfig:
             )
         if not self.alphabet or any(ord(c) > 127 or c in "|." for c in self.alphabet):
             raise ConfigError(
-                "data.alphabet", "must be ASCII characters other than '|' and '.'.",
+                "data.alphabet",
+                "must be ASCII characters other than '|' and '.'.",
             )

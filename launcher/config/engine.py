@@ -28,9 +28,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
-            raise ConfigError(
-                "engine.zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}."
-            )
+            raise ConfigError("engine.zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}.")
         if self.name != EngineName.deepspeed and (self.zero_stage or self.extra):
             key = "engine.zero_stage" if self.zero_stage else "engine.extra"
             raise ConfigError(

@@ -59,5 +59,7 @@ def load_config_file(path: str | Path) -> RootConfig:
     """Read a run directory's config.yaml (what workers and resumed runs start from)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError("config", f"no config file at {path}.", "pass the run directory's config.yaml.")
+        raise ConfigError(
+            "config", f"no config file at {path}.", "pass the run directory's config.yaml."
+        )
     return to_root_config(OmegaConf.load(path))  # type: ignore[arg-type]

@@ -71,7 +71,9 @@ class TrainConfig:
         require_non_negative("train.max_restarts", self.max_restarts)
         require_positive("train.peak_flops", self.peak_flops, allow_none=True)
         if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError("train.device", f"unknown device {self.device!r}.", "use auto, cpu or cuda.")
+            raise ConfigError(
+                "train.device", f"unknown device {self.device!r}.", "use auto, cpu or cuda."
+            )
         if not self.resume:
             raise ConfigError("train.resume", "is empty.", "use auto, never or a checkpoint path.")
 
@@ -86,6 +88,9 @@ class CheckpointConfig:
     """Complete checkpoints to keep (older ones are deleted)."""
     enabled: bool = True
     """Save at all (the final checkpoint included)."""
+    overwrite: bool = False
+    """With train.resume=never: delete the run directory's checkpoints and metrics and start
+    over (without it such a run is refused)."""
 
     def __post_init__(self) -> None:
         require_non_negative("checkpoint.every", self.every)
@@ -98,3 +103,8 @@ class DebugConfig:
 
     broken_normalization: bool = False
     """Negative control: average per-micro-batch means (the known wrong loss)."""
+    raise_at_step: int | None = None
+    """Make rank `raise_on_rank` raise at this 1-based step (to test failure handling)."""
+    raise_on_rank: int = 0
+    step_sleep_s: float = 0.0
+    """Sleep after every optimizer step, so a test can signal or kill a run mid-way."""

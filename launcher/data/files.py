@@ -13,7 +13,9 @@ from launcher.errors import DataError
 
 def read_utf8(path: Path) -> str:
     if not path.exists():
-        raise DataError(f"data.path: no such file: {path}. Fix: point data.path at an existing file.")
+        raise DataError(
+            f"data.path: no such file: {path}. Fix: point data.path at an existing file."
+        )
     if not path.is_file():
         raise DataError(f"data.path: {path} is not a file. Fix: point data.path at a file.")
     raw = path.read_bytes()
@@ -66,15 +68,23 @@ class JsonlDataset:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataError(f"{where} is not valid JSON ({exc.msg}). Fix: one JSON object per line.") from None
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not isinstance(record.get("completion"), str):
+                raise DataError(
+                    f"{where} is not valid JSON ({exc.msg}). Fix: one JSON object per line."
+                ) from None
+            if (
+                not isinstance(record, dict)
+                or not isinstance(record.get("prompt"), str)
+                or not isinstance(record.get("completion"), str)
+            ):
                 raise DataError(
                     f'{where} needs string fields "prompt" and "completion". '
                     'Fix: write lines like {"prompt": "2+2=", "completion": "4"}.'
                 )
             prompt, completion = record["prompt"].encode(), record["completion"].encode()
             if not completion:
-                raise DataError(f"{where} has an empty completion: nothing to learn. Fix: drop the line.")
+                raise DataError(
+                    f"{where} has an empty completion: nothing to learn. Fix: drop the line."
+                )
             if len(prompt) >= seq_len:
                 raise DataError(
                     f"{where}: the prompt is {len(prompt)} bytes, model.seq_len is {seq_len}. "
@@ -82,7 +92,9 @@ class JsonlDataset:
                 )
             pairs.append((prompt, completion))
         if not pairs:
-            raise DataError(f"data.path: {path} holds no records. Fix: add prompt/completion lines.")
+            raise DataError(
+                f"data.path: {path} holds no records. Fix: add prompt/completion lines."
+            )
         held = [p for i, p in enumerate(pairs) if len(pairs) >= 10 and i % 10 == 9]
         self.train = [p for i, p in enumerate(pairs) if not (len(pairs) >= 10 and i % 10 == 9)]
         self.held_out = held[:eval_problems]

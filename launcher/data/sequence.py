@@ -25,9 +25,9 @@ def encode_pair(prompt: bytes, completion: bytes, seq_len: int) -> Sample:
     """
     full = list(prompt + completion)[: seq_len + 1]
     inputs = full[:-1] + [PAD_ID] * (seq_len - (len(full) - 1))
-    targets = [
-        tok if i + 1 >= len(prompt) else IGNORE_INDEX for i, tok in enumerate(full[1:])
-    ] + [IGNORE_INDEX] * (seq_len - (len(full) - 1))
+    targets = [tok if i + 1 >= len(prompt) else IGNORE_INDEX for i, tok in enumerate(full[1:])] + [
+        IGNORE_INDEX
+    ] * (seq_len - (len(full) - 1))
     return Sample(torch.tensor(inputs, dtype=torch.long), torch.tensor(targets, dtype=torch.long))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +24,11 @@ class Engine(ABC):
     """The bare model (evaluation, parameter count, recompute policies)."""
     grad_divisor: float
     """How many times the engine divides the summed gradient; the loss multiplies it back."""
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    """Optimizer, schedule and fp16 loss scaler (disabled unless fp16): what the default
+    checkpoint (dcp_state) saves besides the model. Engines with their own format may differ."""
 
     def __init__(self, cfg: RootConfig) -> None:
         self.cfg = cfg
@@ -58,8 +64,58 @@ class Engine(ABC):
         """optim.grad_clip, with 0 meaning 'measure, do not clip'."""
         return self.cfg.optim.grad_clip or math.inf
 
-    def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+    # Checkpoints (launcher/checkpoint.py). The default is torch.distributed.checkpoint, which
+    # reshards on load; an engine with its own format (DeepSpeed) overrides both methods.
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+    def dcp_state(self) -> dict[str, Any]:
+        """The training state as DCP Stateful objects: model and optimizer (through DCP's
+        state_dict helpers, which understand DDP and FSDP wrappers), scheduler, loss scaler."""
+        from launcher.dcp import ModelAndOptimizer
+
+        return {
+            "model_optim": ModelAndOptimizer(self.model, self.optimizer),
+            "scheduler": self.scheduler,
+            "scaler": self.scaler,
+        }
+
+    def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
+        """Collective: write this rank's part of the engine state under `directory`.
+
+        client_state (step, totals) is also in the checkpoint's meta.json; engines may ignore it.
+        """
+        from launcher import dcp
+
+        del client_state
+        dcp.save(directory, self.dcp_state())
+
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        """Collective: restore what save_checkpoint wrote (resharding where the format can)."""
+        from launcher import dcp
+
+        dcp.load(directory, self.dcp_state())
+        return {}
+
+
+class TorchOptimizerEngine(Engine):
+    """An engine whose optimizer step is plain PyTorch: AdamW, the schedule, a GradScaler (ddp, fsdp)."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def global_norm(self, norm: torch.Tensor) -> torch.Tensor:
+        """The gradient norm over all ranks (sharded engines override)."""
+        return norm
+
+    def step(self) -> float:
+        self.scaler.unscale_(self.optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip_norm)
+        norm = self.global_norm(norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])

@@ -11,12 +11,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launcher.config.root import RootConfig
 from launcher.config.train import Precision
-from launcher.engines.base import Engine
+from launcher.engines.base import TorchOptimizerEngine
 from launcher.optim import build_optimizer, build_scheduler
 from launcher.worker.distributed import DistContext
 
 
-class DDPEngine(Engine):
+class DDPEngine(TorchOptimizerEngine):
     def __init__(self, cfg: RootConfig, model: nn.Module, ctx: DistContext) -> None:
         super().__init__(cfg)
         self.module = model.to(ctx.device)
@@ -36,33 +36,3 @@ class DDPEngine(Engine):
         if sync or not isinstance(self.model, DistributedDataParallel):
             return nullcontext()
         return self.model.no_sync()
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self.scaler.scale(loss).backward()
-
-    def step(self) -> float:
-        self.scaler.unscale_(self.optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
-
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])

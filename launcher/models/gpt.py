@@ -1,9 +1,13 @@
 """A decoder-only GPT: pre-norm blocks, causal attention through scaled_dot_product_attention.
 
-`GPT.blocks` is the one list of blocks that activation-checkpoint policies wrap.
+`GPT.blocks` is the one list of blocks; `GPT.run_blocks` runs them, and activation-checkpoint
+policies (launcher/recompute.py) replace it without re-parenting any block, so parameter names and
+state_dict keys never depend on the policy.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +63,15 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+BlockRunner = Callable[[nn.ModuleList, torch.Tensor], torch.Tensor]
+
+
+def run_in_order(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    for block in blocks:
+        x = block(x)
+    return x
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -67,6 +80,7 @@ class GPT(nn.Module):
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.run_blocks: BlockRunner = run_in_order
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # tied embeddings
@@ -89,8 +103,7 @@ class GPT(nn.Module):
         t = idx.shape[1]
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
-        for block in self.blocks:
-            x = block(x)
+        x = self.run_blocks(self.blocks, x)
         return self.head(self.ln_f(x))
 
     def num_params(self) -> int:

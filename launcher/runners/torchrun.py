@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 from launcher.config.root import RootConfig
+from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.plan import local_cpu_count
+from launcher.worker.stop import clear_stopped, forward_stop_signals, read_stopped
 
 log = get_logger("torchrun")
 
@@ -39,6 +41,10 @@ def rank_environment(cfg: RootConfig) -> dict[str, str]:
     # Share the cores instead of oversubscribing them (torchrun would pick 1 and warn).
     env.setdefault("OMP_NUM_THREADS", str(max(1, local_cpu_count() // cfg.parallel.ranks_per_node)))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if cfg.train.max_restarts > 0:
+        # torchrun's shared rendezvous store keeps the killed ranks' addresses, and restarted
+        # ranks would dial them (pytorch/pytorch#135712): give every attempt a fresh store.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return env
 
 
@@ -54,13 +60,24 @@ def run_torchrun(cfg: RootConfig, config_path: Path) -> int:
     run_dir = config_path.parent
     for stale in run_dir.glob("error_rank*.txt"):
         stale.unlink()
+    clear_stopped(run_dir)
     argv = torchrun_argv(cfg, config_path)
-    proc = subprocess.Popen(argv, env=rank_environment(cfg))
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait()
+    # A session of its own: a stop signal for `launch` reaches each rank once, through the
+    # forwarder, and never also straight from the terminal or a process-group kill.
+    proc = subprocess.Popen(argv, env=rank_environment(cfg), start_new_session=True)
+    with forward_stop_signals(proc.pid) as forwarder:
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait()
+    if read_stopped(run_dir) is not None:
+        return STOPPED_RESUMABLE  # stopped on a signal after a checkpoint (rank 0 said where)
+    if forwarder.terms >= 2:
+        log.warning(
+            "stopped at once (a second SIGTERM); a rerun resumes from the last complete checkpoint."
+        )
+        return 128 + signal.SIGTERM
     if code != 0:
         report_failed_ranks(run_dir)
         log.error(f"the job failed with exit status {code}.")

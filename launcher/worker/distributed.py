@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -28,7 +30,9 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise EnvironmentProblem("train.device: cuda was asked for but no CUDA device is visible. Fix: set train.device=cpu or auto.")
+        raise EnvironmentProblem(
+            "train.device: cuda was asked for but no CUDA device is visible. Fix: set train.device=cpu or auto."
+        )
     if local_rank >= torch.cuda.device_count():
         raise EnvironmentProblem(
             f"parallel.dp: local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible). Fix: lower parallel.dp."
@@ -48,13 +52,27 @@ def init_distributed(requested_device: str, timeout_s: float = 600.0) -> DistCon
     if not dist.is_initialized():
         timeout = timedelta(seconds=timeout_s)
         if launched:
-            dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
+            dist.init_process_group(
+                backend, timeout=timeout, device_id=device if device.type == "cuda" else None
+            )
         else:
             # In-process single rank: a HashStore needs no port, and every engine finds a group.
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+            dist.init_process_group(
+                backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+            )
     return DistContext(rank, world, local_rank, device)
 
 
 def teardown_distributed() -> None:
-    if dist.is_initialized():
+    if not dist.is_initialized():
+        return
+    # Free engines and models first: a DDP reducer left holding the last reference to a gloo
+    # group destroys it later from a destructor, which can deadlock or abort the process.
+    gc.collect()
+    # DeepSpeed caches groups cloned from this world; destroying through deepspeed.comm drops
+    # them too, so a later run in this process (an in-process sweep point) meets no dead group.
+    ds_comm = sys.modules.get("deepspeed.comm")
+    if ds_comm is not None and ds_comm.is_initialized():
+        ds_comm.destroy_process_group()
+    else:
         dist.destroy_process_group()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -22,8 +23,10 @@ from launcher.loss import (
     token_loss_sum,
     valid_tokens,
 )
+from launcher.steptime import StepClock, StepTimes
 from launcher.tracking import Tracker
 from launcher.worker.distributed import DistContext
+from launcher.worker.stop import StopFlag
 
 log = get_logger("loop")
 
@@ -36,6 +39,11 @@ class StepResult:
     grad_norm: float | None
     lr: float
     seconds: float
+    data_s: float = 0.0
+    comm_wait_s: float = 0.0
+    """Time building micro-batches, and blocked in the loop's own collectives (launcher/steptime.py)."""
+    stopped: bool = False
+    """The ranks agreed to stop before this step (a stop signal); nothing was trained."""
 
     def metrics(self, split: BatchSplit) -> dict[str, Any]:
         return {
@@ -46,6 +54,9 @@ class StepResult:
             "grad_norm": self.grad_norm,
             "tokens_per_s": self.tokens.total / self.seconds if self.seconds > 0 else 0.0,
             "step_time_s": self.seconds,
+            "compute_s": max(0.0, self.seconds - self.data_s - self.comm_wait_s),
+            "comm_wait_s": self.comm_wait_s,
+            "data_s": self.data_s,
             "rank_tokens_min": min(self.tokens.per_rank),
             "rank_tokens_max": max(self.tokens.per_rank),
             "padding_fraction": self.tokens.padding_fraction,
@@ -62,7 +73,13 @@ class Trainer:
         dataset: TokenDataset,
         tracker: Tracker,
     ) -> None:
-        self.cfg, self.ctx, self.engine, self.dataset, self.tracker = cfg, ctx, engine, dataset, tracker
+        self.cfg, self.ctx, self.engine, self.dataset, self.tracker = (
+            cfg,
+            ctx,
+            engine,
+            dataset,
+            tracker,
+        )
         self.split = cfg.split()
         self.sampler = GlobalBatchSampler(len(dataset), self.split.global_size, cfg.train.seed)
         self.positions = self.split.global_size * cfg.model.seq_len
@@ -77,19 +94,32 @@ class Trainer:
         inputs, targets = self._micro_batches(0)[0]
         return inputs.to(self.ctx.device), targets.to(self.ctx.device)
 
-    def train_step(self, step: int) -> StepResult:
-        """One optimizer step over this rank's micro-batches of global batch `step`."""
-        start = time.perf_counter()
+    def train_step(self, step: int, stop: bool = False) -> StepResult:
+        """One optimizer step over this rank's micro-batches of global batch `step`.
+
+        stop: this rank was asked to stop; the token-count all-reduce tells every rank whether
+        any was, and then none trains this step (the result has stopped=True).
+        """
         device = self.ctx.device
-        batches = self._micro_batches(step)
-        tokens = all_reduce_token_counts(
-            sum(valid_tokens(t) for _, t in batches), self.positions, device
-        )
+        clock = StepClock(device)
+        debug = self.cfg.debug
+        if debug.raise_at_step == step + 1 and debug.raise_on_rank == self.ctx.rank:
+            raise RuntimeError(
+                f"debug.raise_at_step={step + 1}: rank {self.ctx.rank} raises on purpose"
+            )
+        with clock.section("data"):
+            batches = self._micro_batches(step)
+        with clock.section("comm"):
+            tokens = all_reduce_token_counts(
+                sum(valid_tokens(t) for _, t in batches), self.positions, device, stop
+            )
         lr = self.engine.lr
+        if tokens.stop:
+            return replace(self._result(step, None, tokens, None, lr, clock.stop()), stopped=True)
         if tokens.total == 0:
             # Every rank sees the same total, so every rank skips together: no hang, no NaN.
             log.warning(f"step {step + 1}: the global batch has no valid target token; skipped.")
-            return StepResult(step, None, tokens, None, lr, time.perf_counter() - start)
+            return self._result(step, None, tokens, None, lr, clock.stop())
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         broken = self.cfg.debug.broken_normalization
         for m, (inputs, targets) in enumerate(batches):
@@ -111,13 +141,37 @@ class Trainer:
             loss_sum += micro_sum.detach().double()
         grad_norm = self.engine.step()
         if dist.is_initialized() and self.ctx.world_size > 1:
-            dist.all_reduce(loss_sum)  # for the logged global token mean only
-        return StepResult(
-            step, float(loss_sum) / tokens.total, tokens, grad_norm, lr, time.perf_counter() - start
-        )
+            with clock.section("comm"):
+                dist.all_reduce(loss_sum)  # for the logged global token mean only
+        loss = float(loss_sum) / tokens.total
+        return self._result(step, loss, tokens, grad_norm, lr, clock.stop())
 
-    def train(self) -> None:
+    @staticmethod
+    def _result(
+        step: int,
+        loss: float | None,
+        tokens: StepTokens,
+        grad_norm: float | None,
+        lr: float,
+        t: StepTimes,
+    ) -> StepResult:
+        return StepResult(step, loss, tokens, grad_norm, lr, t.total_s, t.data_s, t.comm_s)
+
+    def train(
+        self, stop: StopFlag | None = None, after_step: Callable[[int], None] | None = None
+    ) -> bool:
+        """Train up to train.steps; False when the ranks agreed to stop early (a stop signal).
+
+        after_step(n) runs on every rank after step n (1-based) is logged: periodic checkpoints.
+        """
         while self.step < self.cfg.train.steps:
-            result = self.train_step(self.step)
+            result = self.train_step(self.step, stop=stop is not None and stop.requested)
+            if result.stopped:
+                return False
             self.step += 1
             self.tracker.log_step(result.metrics(self.split))
+            if after_step is not None:
+                after_step(self.step)
+            if self.cfg.debug.step_sleep_s:
+                time.sleep(self.cfg.debug.step_sleep_s)  # test-only: time to signal a run mid-way
+        return True

@@ -12,17 +12,28 @@ import numpy as np
 import torch
 from torch import nn
 
+from launcher.checkpoint import Checkpointer
 from launcher.config.root import RootConfig
 from launcher.data import build_dataset
 from launcher.engines import build_engine
+from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger, setup_logging
 from launcher.memory import activation_report
 from launcher.models import GPT
 from launcher.recompute import apply_recompute
-from launcher.tracking import Tracker, peak_memory_bytes
+from launcher.secrets import redact
+from launcher.tracking import peak_memory_bytes, start_tracking
 from launcher.worker.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.worker.evaluate import exact_match
 from launcher.worker.loop import Trainer
+from launcher.worker.stop import (
+    StopFlag,
+    clear_stopped,
+    read_stopped,
+    requeued_by_slurm,
+    restart_attempt,
+    stop_on_signals,
+)
 
 log = get_logger("worker")
 
@@ -54,11 +65,13 @@ def warn_batch_dependent_layers(model: nn.Module, micro_size: int, global_size: 
 def build_model(cfg: RootConfig) -> nn.Module:
     seed_everything(cfg.train.seed)  # the same initial weights on every rank and every split
     model = GPT(cfg.model)
-    apply_recompute(model.blocks, cfg.ac)
+    apply_recompute(model, cfg.ac)
     return model
 
 
-def train_rank(cfg: RootConfig, run_dir: Path, ctx: DistContext) -> dict[str, Any]:
+def train_rank(
+    cfg: RootConfig, run_dir: Path, ctx: DistContext, stop: StopFlag | None = None
+) -> dict[str, Any]:
     split = cfg.split()
     model = build_model(cfg)
     warn_batch_dependent_layers(model, split.micro_size, split.global_size)
@@ -66,11 +79,31 @@ def train_rank(cfg: RootConfig, run_dir: Path, ctx: DistContext) -> dict[str, An
     # Dropout differs per rank; the data order never depends on this.
     torch.manual_seed(cfg.train.seed + 1_000_003 * (ctx.rank + 1))
     dataset = build_dataset(cfg.data, cfg.model.seq_len, cfg.train.seed)
-    tracker = Tracker(run_dir, cfg.train.steps, cfg.train.log_every, enabled=ctx.is_main)
+    tracker = start_tracking(cfg, run_dir, ctx)
     trainer = Trainer(cfg, ctx, engine, dataset, tracker)
-    trainer.train()
+    checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
+    try:
+        resumed = checkpoints.resume(restarted=restart_attempt() > 0 or requeued_by_slurm())
+        if not trainer.train(stop, after_step=checkpoints.after_step):
+            # Every rank agreed to stop at this step boundary: save, mark, exit 75.
+            saved = checkpoints.stop(stop.signal_name if stop is not None else None)
+            tracker.close(STOPPED_RESUMABLE)
+            return {
+                "status": "stopped",
+                "steps": trainer.step,
+                "checkpoint": str(saved) if saved else None,
+            }
+        checkpoints.save_final()
+    except BaseException as exc:
+        # End the wandb run now (a stop with STOPPED_RESUMABLE shows as preempted).
+        tracker.close(exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1)
+        raise
+    peak_memory = peak_memory_bytes(ctx.device)  # read before the probe resets CUDA's peak
     probe_inputs, probe_targets = trainer.probe_batch()
-    activations = activation_report(cfg, engine.module, probe_inputs, probe_targets)
+    # Measured on a replica, no collectives: rank 0 alone writes summary.json.
+    activations = (
+        activation_report(cfg, engine.module, probe_inputs, probe_targets) if ctx.is_main else {}
+    )
     accuracy = exact_match(engine.module, dataset.eval_problems(), cfg.model.seq_len, ctx.device)
     totals = tracker.totals
     summary: dict[str, Any] = {
@@ -79,7 +112,7 @@ def train_rank(cfg: RootConfig, run_dir: Path, ctx: DistContext) -> dict[str, An
         "tokens": totals.tokens,
         "tokens_per_s": totals.tokens / totals.seconds if totals.seconds > 0 else 0.0,
         "train_seconds": totals.seconds,
-        "peak_memory_bytes": peak_memory_bytes(ctx.device),
+        "peak_memory_bytes": peak_memory,
         "world_size": ctx.world_size,
         "dp": split.dp,
         "micro_size": split.micro_size,
@@ -88,6 +121,8 @@ def train_rank(cfg: RootConfig, run_dir: Path, ctx: DistContext) -> dict[str, An
         "engine": cfg.engine.name.value,
         "ac": cfg.ac.policy.value,
         "eval_accuracy": accuracy,
+        "status": "completed",
+        "resumed_from_step": resumed.step if resumed is not None else None,
         **activations,
     }
     tracker.finish(summary)
@@ -101,16 +136,25 @@ def train_rank(cfg: RootConfig, run_dir: Path, ctx: DistContext) -> dict[str, An
 
 
 def run_worker(cfg: RootConfig, run_dir: Path) -> dict[str, Any]:
-    """Everything one rank does; the process group is destroyed whatever happens."""
-    ctx = init_distributed(cfg.train.device)
-    setup_logging(ctx.rank)
-    warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
-    try:
-        return train_rank(cfg, run_dir, ctx)
-    except BaseException:
-        if ctx.world_size > 1:
-            # Leave the rank's error where the launcher can name it.
-            (run_dir / f"error_rank{ctx.rank}.txt").write_text(traceback.format_exc())
-        raise
-    finally:
-        teardown_distributed()
+    """Everything one rank does; the process group is destroyed whatever happens.
+
+    Returns the summary; status "stopped" means a stop signal ended it early after a checkpoint.
+    """
+    if restart_attempt() > 0 and read_stopped(run_dir) is not None:
+        # torchrun restarts ranks that exit non-zero; after a deliberate stop nothing may train.
+        return {"status": "stopped"}
+    with stop_on_signals() as stop:
+        ctx = init_distributed(cfg.train.device)
+        setup_logging(ctx.rank)
+        warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
+        if ctx.is_main and restart_attempt() == 0:
+            clear_stopped(run_dir)  # left by an earlier job in this run directory
+        try:
+            return train_rank(cfg, run_dir, ctx, stop)
+        except BaseException:
+            if ctx.world_size > 1:
+                # Leave the rank's error where the launcher can name it.
+                (run_dir / f"error_rank{ctx.rank}.txt").write_text(redact(traceback.format_exc()))
+            raise
+        finally:
+            teardown_distributed()

@@ -12,13 +12,23 @@ from tests.helpers import FAST, max_rel_diff, read_losses, read_metrics, read_su
 pytestmark = pytest.mark.e2e
 
 METRIC_KEYS = {"step", "loss", "tokens", "lr", "grad_norm", "tokens_per_s"}
-SUMMARY_KEYS = {"steps", "final_loss", "tokens_per_s", "peak_memory_bytes", "world_size", "grad_accum", "eval_accuracy"}
+SUMMARY_KEYS = {
+    "steps",
+    "final_loss",
+    "tokens_per_s",
+    "peak_memory_bytes",
+    "world_size",
+    "grad_accum",
+    "eval_accuracy",
+}
 
 
 def test_usage_lists_commands_and_keys() -> None:
     for args in ([], ["--help"]):
         out = run_launch(args).stdout
-        assert "train" in out and "plan" in out and "batch.grad_accum" in out and "parallel.dp" in out
+        assert (
+            "train" in out and "plan" in out and "batch.grad_accum" in out and "parallel.dp" in out
+        )
     bad = run_launch(["fly"], check=False)
     assert bad.returncode == 2 and "unknown command" in bad.stderr
 
@@ -31,7 +41,9 @@ def test_hydra_flags_keep_working() -> None:
 
 def test_plan_writes_files_and_starts_nothing(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    out = run_launch(["plan", "parallel.dp=2", "batch.global_size=16", "batch.micro_size=4"], run_dir).stdout
+    out = run_launch(
+        ["plan", "parallel.dp=2", "batch.global_size=16", "batch.micro_size=4"], run_dir
+    ).stdout
     assert "torch.distributed.run --standalone --nproc_per_node=2" in out
     assert "grad_accum 2" in out and "384 positions" in out
     plan = json.loads((run_dir / "plan.json").read_text())
@@ -50,7 +62,9 @@ def test_plan_writes_files_and_starts_nothing(tmp_path: Path) -> None:
         (["data=text", "data.path=/nonexistent/file.txt"], ["data.path"]),
     ],
 )
-def test_bad_override_fails_before_anything_runs(tmp_path: Path, overrides: list[str], names: list[str]) -> None:
+def test_bad_override_fails_before_anything_runs(
+    tmp_path: Path, overrides: list[str], names: list[str]
+) -> None:
     run_dir = tmp_path / "run"
     for command in ("plan", "train"):
         proc = run_launch([command, *overrides], run_dir, check=False)
@@ -62,7 +76,9 @@ def test_bad_override_fails_before_anything_runs(tmp_path: Path, overrides: list
 
 def test_default_job_writes_every_output(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    out = run_launch(["train", "train.steps=30", "train.log_every=10", "wandb.mode=disabled"], run_dir).stdout
+    out = run_launch(
+        ["train", "train.steps=30", "train.log_every=10", "wandb.mode=disabled"], run_dir
+    ).stdout
     assert "step 30/30" in out and "done: 30 steps" in out
     for name in ("config.yaml", "plan.json", "metrics.jsonl", "summary.json"):
         assert (run_dir / name).exists(), name
@@ -80,7 +96,10 @@ def test_micro_batch_split_gives_the_same_curve(tmp_path: Path) -> None:
     curves = {}
     for micro in (4, 16):
         run_dir = tmp_path / f"micro{micro}"
-        run_launch(["train", "train.steps=10", "batch.global_size=16", f"batch.micro_size={micro}", *FAST], run_dir)
+        run_launch(
+            ["train", "train.steps=10", "batch.global_size=16", f"batch.micro_size={micro}", *FAST],
+            run_dir,
+        )
         curves[micro] = read_losses(run_dir)
         assert read_summary(run_dir)["grad_accum"] == 16 // micro
     assert max_rel_diff(curves[4], curves[16]) < 1e-5

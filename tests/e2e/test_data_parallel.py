@@ -20,7 +20,14 @@ def test_loss_curves_equal_across_ranks_and_accumulation(tmp_path: Path) -> None
     for name, (dp, accum) in SPLITS.items():
         run_dir = tmp_path / name
         run_launch(
-            ["train", "train.steps=10", "batch.global_size=16", f"parallel.dp={dp}", f"batch.grad_accum={accum}", *FAST],
+            [
+                "train",
+                "train.steps=10",
+                "batch.global_size=16",
+                f"parallel.dp={dp}",
+                f"batch.grad_accum={accum}",
+                *FAST,
+            ],
             run_dir,
         )
         curves[name] = read_losses(run_dir)
@@ -49,7 +56,15 @@ def test_a_rank_that_raises_stops_the_job(tmp_path: Path) -> None:
     run_dir = tmp_path / "fails"
     start = time.monotonic()
     proc = run_launch(
-        ["train", "train.steps=50", "parallel.dp=2", "batch.global_size=8", "debug.raise_at_step=3", "debug.raise_on_rank=1", *FAST],
+        [
+            "train",
+            "train.steps=50",
+            "parallel.dp=2",
+            "batch.global_size=8",
+            "debug.raise_at_step=3",
+            "debug.raise_on_rank=1",
+            *FAST,
+        ],
         run_dir,
         check=False,
         timeout=120,
@@ -66,5 +81,9 @@ def test_a_rank_that_raises_stops_the_job(tmp_path: Path) -> None:
 def test_more_ranks_than_cores_is_a_warning_and_nodes_need_slurm(tmp_path: Path) -> None:
     proc = run_launch(["plan", "parallel.dp=64", "batch.global_size=64"], tmp_path / "many")
     assert "warning" in proc.stdout + proc.stderr and "CPU core" in proc.stdout + proc.stderr
-    bad = run_launch(["plan", "parallel.dp=4", "parallel.nodes=2", "batch.global_size=8"], tmp_path / "nodes", check=False)
+    bad = run_launch(
+        ["plan", "parallel.dp=4", "parallel.nodes=2", "batch.global_size=8"],
+        tmp_path / "nodes",
+        check=False,
+    )
     assert bad.returncode == 2 and "cluster=slurm" in bad.stderr

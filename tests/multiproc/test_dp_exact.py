@@ -3,6 +3,7 @@ step, one token-count all-reduce per step, and a step with no valid token skippe
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -34,15 +35,29 @@ def _spawn(fn: Any, *args: Any) -> None:
     mp.spawn(fn, args=(free_port(), *args), nprocs=WORLD, join=True)
 
 
-def _gradient_rank(rank: int, port: int, out: str, sections: dict) -> None:
+def _in_group(work: Any, rank: int, port: int, *args: Any) -> None:
+    """Run work(ctx, rank, *args) in a 2-rank gloo group, then tear the group down.
+
+    Everything work built (the DDP model above all) is released before the group is destroyed:
+    a DDP reducer that holds the last reference to a gloo group deadlocks in its destructor.
+    """
     ctx = join_group(rank, WORLD, port)
     try:
-        trainer = build_trainer(make_config(**sections), ctx, Path(out))
-        grads = record_gradients(trainer)
-        trainer.train_step(0)
-        torch.save(grads[0], Path(out) / f"grad_rank{rank}.pt")
+        work(ctx, rank, *args)
     finally:
+        gc.collect()
         dist.destroy_process_group()
+
+
+def _gradient_rank(rank: int, port: int, out: str, sections: dict) -> None:
+    _in_group(_gradient_work, rank, port, out, sections)
+
+
+def _gradient_work(ctx: Any, rank: int, out: str, sections: dict) -> None:
+    trainer = build_trainer(make_config(**sections), ctx, Path(out))
+    grads = record_gradients(trainer)
+    trainer.train_step(0)
+    torch.save(grads[0], Path(out) / f"grad_rank{rank}.pt")
 
 
 def test_dp2_accum3_gradient_equals_single_process(tmp_path: Path) -> None:
@@ -61,12 +76,17 @@ def test_dp2_accum3_gradient_equals_single_process(tmp_path: Path) -> None:
 
 
 def _count_rank(rank: int, port: int, out: str, accum: int) -> None:
-    ctx = join_group(rank, WORLD, port)
+    _in_group(_count_work, rank, port, out, accum)
+
+
+def _count_work(ctx: Any, rank: int, out: str, accum: int) -> None:
     counts = {"gradient_allreduce": 0, "token_count": 0}
     real_count = loop_module.all_reduce_token_counts
     try:
         trainer = build_trainer(
-            make_config(parallel={"dp": 2}, batch={"global_size": 16, "grad_accum": accum}), ctx, Path(out)
+            make_config(parallel={"dp": 2}, batch={"global_size": 16, "grad_accum": accum}),
+            ctx,
+            Path(out),
         )
 
         # No annotations: DDP checks them at runtime and this module postpones their evaluation.
@@ -87,7 +107,6 @@ def _count_rank(rank: int, port: int, out: str, accum: int) -> None:
             (Path(out) / f"counts_accum{accum}.json").write_text(json.dumps(counts))
     finally:
         loop_module.all_reduce_token_counts = real_count  # type: ignore[assignment]
-        dist.destroy_process_group()
 
 
 def test_one_gradient_sync_and_one_token_count_per_step(tmp_path: Path) -> None:
@@ -119,20 +138,23 @@ class _EmptyStepDataset:
 
 
 def _empty_step_rank(rank: int, port: int, out: str) -> None:
-    ctx = join_group(rank, WORLD, port)
-    try:
-        cfg = make_config(parallel={"dp": 2}, batch={"global_size": 8, "grad_accum": 2})
-        data = _EmptyStepDataset(build_dataset(cfg.data, cfg.model.seq_len, 0), 8)
-        trainer = build_trainer(cfg, ctx, Path(out), dataset=data)
-        results = []
-        for step in range(3):
-            before = [p.detach().clone() for p in trainer.engine.module.parameters()]
-            r = trainer.train_step(step)
-            unchanged = all(torch.equal(a, p) for a, p in zip(before, trainer.engine.module.parameters(), strict=True))
-            results.append({"loss": r.loss, "tokens": r.tokens.total, "unchanged": unchanged})
-        (Path(out) / f"empty_rank{rank}.json").write_text(json.dumps(results))
-    finally:
-        dist.destroy_process_group()
+    _in_group(_empty_step_work, rank, port, out)
+
+
+def _empty_step_work(ctx: Any, rank: int, out: str) -> None:
+    cfg = make_config(parallel={"dp": 2}, batch={"global_size": 8, "grad_accum": 2})
+    data = _EmptyStepDataset(build_dataset(cfg.data, cfg.model.seq_len, 0), 8)
+    trainer = build_trainer(cfg, ctx, Path(out), dataset=data)
+    results = []
+    for step in range(3):
+        before = [p.detach().clone() for p in trainer.engine.module.parameters()]
+        r = trainer.train_step(step)
+        unchanged = all(
+            torch.equal(a, p)
+            for a, p in zip(before, trainer.engine.module.parameters(), strict=True)
+        )
+        results.append({"loss": r.loss, "tokens": r.tokens.total, "unchanged": unchanged})
+    (Path(out) / f"empty_rank{rank}.json").write_text(json.dumps(results))
 
 
 def test_step_without_valid_tokens_is_skipped_on_every_rank(tmp_path: Path) -> None:

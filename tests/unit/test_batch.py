@@ -54,7 +54,12 @@ def test_accum_does_not_divide() -> None:
 
 def test_inconsistent_triple_names_all_keys() -> None:
     err = _error((32, 4, 2), 2)
-    assert set(err.keys) == {"batch.global_size", "batch.micro_size", "batch.grad_accum", "parallel.dp"}
+    assert set(err.keys) == {
+        "batch.global_size",
+        "batch.micro_size",
+        "batch.grad_accum",
+        "parallel.dp",
+    }
     assert "16, not 32" in str(err)
 
 

@@ -20,11 +20,17 @@ def propagate_logs():
     logger.propagate = old
 
 
-def test_batchnorm_warns_when_micro_is_smaller(caplog: pytest.LogCaptureFixture, propagate_logs: None) -> None:
+def test_batchnorm_warns_when_micro_is_smaller(
+    caplog: pytest.LogCaptureFixture, propagate_logs: None
+) -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
         assert warn_batch_dependent_layers(model, micro_size=4, global_size=16)
-    assert "BatchNorm1d" in caplog.text and "SyncBatchNorm" in caplog.text and "LayerNorm" in caplog.text
+    assert (
+        "BatchNorm1d" in caplog.text
+        and "SyncBatchNorm" in caplog.text
+        and "LayerNorm" in caplog.text
+    )
 
 
 def test_no_warning_without_batchnorm_or_without_splitting() -> None:

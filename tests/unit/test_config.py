@@ -18,7 +18,10 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 @pytest.mark.parametrize(
     ("overrides", "keys"),
     [
-        ({"batch": {"global_size": 10, "micro_size": 3}}, ["batch.global_size", "batch.micro_size"]),
+        (
+            {"batch": {"global_size": 10, "micro_size": 3}},
+            ["batch.global_size", "batch.micro_size"],
+        ),
         ({"batch": {"global_size": -4}}, ["batch.global_size"]),
         ({"parallel": {"dp": 0}}, ["parallel.dp"]),
         ({"parallel": {"dp": 3, "nodes": 2}}, ["parallel.dp", "parallel.nodes"]),
@@ -61,7 +64,13 @@ def _group_options() -> list[tuple[str, str]]:
 
 def test_conf_has_the_groups_the_contract_names() -> None:
     options = set(_group_options())
-    for needed in [("model", "tiny"), ("data", "reverse"), ("engine", "ddp"), ("ac", "none"), ("cluster", "local")]:
+    for needed in [
+        ("model", "tiny"),
+        ("data", "reverse"),
+        ("engine", "ddp"),
+        ("ac", "none"),
+        ("cluster", "local"),
+    ]:
         assert needed in options
     assert len([o for g, o in options if g == "model"]) >= 3
 
@@ -76,7 +85,9 @@ def hydra_conf():
 
 
 @pytest.mark.parametrize(("group", "option"), _group_options())
-def test_every_yaml_composes_and_validates(hydra_conf, group: str, option: str, tmp_path: Path) -> None:
+def test_every_yaml_composes_and_validates(
+    hydra_conf, group: str, option: str, tmp_path: Path
+) -> None:
     extra: list[str] = []
     sample = tmp_path / "data.txt"
     sample.write_text('{"prompt": "a", "completion": "b"}\n')

@@ -32,7 +32,9 @@ def test_reverse_is_deterministic_and_eval_is_held_out() -> None:
     problems = a.eval_problems()
     assert len(problems) == DataConfig().eval_problems
     assert all(is_held_out(p.decode()[:-1]) for p, _ in problems)
-    train_texts = {bytes(t for t in a[i].input_ids.tolist() if t).decode().split("|")[0] for i in range(2000)}
+    train_texts = {
+        bytes(t for t in a[i].input_ids.tolist() if t).decode().split("|")[0] for i in range(2000)
+    }
     assert not any(is_held_out(t) for t in train_texts)
 
 
@@ -60,12 +62,18 @@ def test_jsonl_masks_prompt(tmp_path: Path) -> None:
         (DataKind.text, None, "no such file"),
         (DataKind.text, b"", "is empty"),
         (DataKind.text, b"\xff\xfe\xfa", "not UTF-8"),
-        (DataKind.jsonl, b'{"prompt": "a", "completion": "b"}\nnot json\n', "line 2 is not valid JSON"),
+        (
+            DataKind.jsonl,
+            b'{"prompt": "a", "completion": "b"}\nnot json\n',
+            "line 2 is not valid JSON",
+        ),
         (DataKind.jsonl, b'{"prompt": "a"}\n', 'needs string fields "prompt" and "completion"'),
         (DataKind.jsonl, b'{"prompt": "' + b"x" * 40 + b'", "completion": "b"}\n', "model.seq_len"),
     ],
 )
-def test_bad_files_are_clear_errors(tmp_path: Path, kind: DataKind, content: bytes | None, message: str) -> None:
+def test_bad_files_are_clear_errors(
+    tmp_path: Path, kind: DataKind, content: bytes | None, message: str
+) -> None:
     path = tmp_path / "data"
     if content is not None:
         path.write_bytes(content)

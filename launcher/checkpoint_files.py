@@ -1,0 +1,290 @@
+"""Checkpoint directories on disk: layout, atomic commit, discovery, and which one to resume.
+
+    <run dir>/checkpoints/step_<N>/
+        engine/            the engine's state: DCP shards (ddp, fsdp) or the engine's own format
+        rng/rank_<r>.pt    each rank's torch, CUDA, numpy and python RNG states
+        meta.json          step, run totals, config fingerprint, engine, world size
+        complete.json      written last: every file and its size (the completion marker)
+
+A save goes into checkpoints/.tmp_step_<N>, gets its marker, and is then renamed into place, so
+a step_<N> directory is complete by construction. A directory whose marker is missing, or whose
+files no longer have the sizes the marker lists (a truncated copy, a full disk), is skipped with
+a warning naming it. Nothing here needs a process group: `launch` uses it before starting ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.config.engine import EngineName
+from launcher.config.root import RootConfig
+from launcher.errors import ConfigError
+from launcher.logs import get_logger
+from launcher.tracking import METRICS_FILE, SUMMARY_FILE
+
+log = get_logger("checkpoint")
+
+CHECKPOINTS = "checkpoints"
+STEP_PREFIX = "step_"
+TMP_PREFIX = ".tmp_step_"
+OLD_PREFIX = ".old_step_"
+MARKER = "complete.json"
+META = "meta.json"
+ENGINE_DIR = "engine"
+RNG_DIR = "rng"
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return run_dir / CHECKPOINTS
+
+
+# --- what must not change on resume --------------------------------------------------------------
+
+
+def fingerprint(cfg: RootConfig) -> dict[str, Any]:
+    """Settings a resumed run must share with its checkpoint: the model's shape, the global
+    batch, the seed and the data (together they fix the trajectory). Everything else, the split
+    into ranks and micro-batches included, may change."""
+    m = cfg.model
+    return {
+        "model.n_layer": m.n_layer,
+        "model.n_head": m.n_head,
+        "model.d_model": m.d_model,
+        "model.seq_len": m.seq_len,
+        "model.vocab_size": m.vocab_size,
+        "model.mlp_ratio": m.mlp_ratio,
+        "batch.global_size": cfg.split().global_size,
+        "train.seed": cfg.train.seed,
+        "data.name": cfg.data.name.value,
+    }
+
+
+def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path) -> None:
+    """Raise ConfigError naming every setting that differs from checkpoint `path`."""
+    saved, now = meta.get("fingerprint", {}), fingerprint(cfg)
+    changed = [k for k in now if k in saved and saved[k] != now[k]]
+    if changed:
+        diffs = ", ".join(f"{k}={saved[k]} in the checkpoint, {now[k]} now" for k in changed)
+        restore = " ".join(f"{k}={saved[k]}" for k in changed)
+        raise ConfigError(
+            changed,
+            f"changed since checkpoint {path} was saved ({diffs}); a resumed run must keep the "
+            "model shape, global batch, seed and data.",
+            f"resume with {restore}, or start a new run elsewhere (hydra.run.dir=...), or discard "
+            "the checkpoints with train.resume=never checkpoint.overwrite=true.",
+        )
+    engine, saved_engine = cfg.engine.name.value, meta.get("engine", "ddp")
+    ds = EngineName.deepspeed.value
+    if engine != saved_engine and ds in (engine, saved_engine):
+        raise ConfigError(
+            "engine",
+            f"checkpoint {path} was saved by engine={saved_engine}; engine={engine} cannot read it "
+            "(ddp and fsdp share a format, deepspeed has its own).",
+            f"resume with engine={saved_engine}, or start a new run elsewhere (hydra.run.dir=...).",
+        )
+    if engine == ds and meta.get("world_size") != cfg.parallel.dp:
+        raise ConfigError(
+            "parallel.dp",
+            f"checkpoint {path} was saved by {meta.get('world_size')} DeepSpeed ranks; DeepSpeed "
+            f"cannot load it into {cfg.parallel.dp} (that needs its universal-checkpoint conversion).",
+            f"resume with parallel.dp={meta.get('world_size')}, or use engine=ddp/fsdp, whose "
+            "checkpoints reshard.",
+        )
+
+
+# --- finding complete checkpoints ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+    @property
+    def order(self) -> tuple[float, int]:
+        # The newest is the last saved: after resuming from an older checkpoint by path, its
+        # successors are saved later than the abandoned ones with higher step numbers.
+        return float(self.meta.get("saved_at", 0.0)), self.step
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def inspect(path: Path) -> Checkpoint | str:
+    """The checkpoint at `path`, or why it is not a complete one."""
+    if not path.is_dir():
+        return "not a directory"
+    try:
+        manifest = _read_json(path / MARKER)
+    except FileNotFoundError:
+        return f"incomplete: no {MARKER} (its save was interrupted)"
+    except (OSError, ValueError):
+        return f"its {MARKER} is unreadable"
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or META not in files:
+        return f"its {MARKER} lists no files"
+    for rel, size in files.items():
+        file = path / rel
+        if not file.is_file():
+            return f"{rel} is missing"
+        actual = file.stat().st_size
+        if actual != size:
+            return f"{rel} has {actual} bytes, but {size} were written (truncated or damaged)"
+    try:
+        meta = _read_json(path / META)
+        int(meta["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its {META} is unreadable"
+    return Checkpoint(path, meta)
+
+
+def find_checkpoints(run_dir: Path, *, warn: bool = True) -> list[Checkpoint]:
+    """Complete checkpoints of a run directory, newest first; warn about each one skipped."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found: list[Checkpoint] = []
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(TMP_PREFIX):
+            if warn:
+                log.warning(f"skipping {entry}: an interrupted save (incomplete).")
+            continue
+        if not entry.name.startswith(STEP_PREFIX):
+            continue
+        result = inspect(entry)
+        if isinstance(result, str):
+            if warn:
+                log.warning(f"skipping checkpoint {entry}: {result}.")
+            continue
+        found.append(result)
+    return sorted(found, key=lambda c: c.order, reverse=True)
+
+
+def resume_candidates(
+    cfg: RootConfig, run_dir: Path, *, restarted: bool, warn: bool
+) -> list[Checkpoint]:
+    """The checkpoints to try, in order (empty: start fresh).
+
+    train.resume=auto: every complete one, newest first. A PATH: that one. never: none. A rank
+    restarted by torchrun always takes the newest in the run directory, when there is one.
+    """
+    mode = cfg.train.resume
+    if restarted or mode == "auto":
+        found = find_checkpoints(run_dir, warn=warn)
+        if found or mode == "auto":
+            return found
+    if mode == "never":
+        return []
+    path = Path(mode).expanduser()
+    result = inspect(path)
+    if isinstance(result, str):
+        raise ConfigError(
+            "train.resume",
+            f"{path} is not a usable checkpoint: {result}.",
+            "pass a complete checkpoints/step_<N> directory, or train.resume=auto for the newest.",
+        )
+    return [result]
+
+
+# --- in `launch`, before anything starts ---------------------------------------------------------
+
+
+def check_resume(cfg: RootConfig, run_dir: Path) -> RootConfig:
+    """Refuse, before anything runs or is written, what resuming cannot do; make a PATH absolute."""
+    mode = cfg.train.resume
+    if mode == "never":
+        root = checkpoints_dir(run_dir)
+        held = (
+            sorted(p.name for p in root.iterdir() if p.name.startswith(STEP_PREFIX))
+            if root.is_dir()
+            else []
+        )
+        if held and not cfg.checkpoint.overwrite:
+            raise ConfigError(
+                ["train.resume", "checkpoint.overwrite"],
+                f"train.resume=never, but {run_dir} holds checkpoints ({', '.join(held)}) that a "
+                "fresh start would overwrite.",
+                "resume them (train.resume=auto), choose another hydra.run.dir, or add "
+                "checkpoint.overwrite=true to delete them and start over.",
+            )
+        return cfg
+    if mode != "auto":
+        path = str(Path(mode).expanduser().resolve())
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume=path))
+    candidates = resume_candidates(cfg, run_dir, restarted=False, warn=False)
+    if candidates:
+        check_compatible(candidates[0].meta, cfg, candidates[0].path)
+    return cfg
+
+
+def start_fresh(cfg: RootConfig, run_dir: Path) -> None:
+    """train.resume=never with checkpoint.overwrite=true: remove the earlier run's state."""
+    if cfg.train.resume != "never" or not cfg.checkpoint.overwrite:
+        return
+    root = checkpoints_dir(run_dir)
+    if root.is_dir():
+        log.warning(f"checkpoint.overwrite=true: deleting {root} and the earlier metrics.")
+        shutil.rmtree(root)
+    for name in (METRICS_FILE, SUMMARY_FILE):
+        (run_dir / name).unlink(missing_ok=True)
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def write_synced(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def manifest(directory: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(directory)): p.stat().st_size
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def commit(tmp: Path, final: Path) -> None:
+    """Rename a complete save into place (replacing an older save of the same step)."""
+    if final.exists():
+        old = final.with_name(OLD_PREFIX + final.name.removeprefix(STEP_PREFIX))
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    _sync_dir(final.parent)
+
+
+def prune(run_dir: Path, keep: int, current: Path) -> None:
+    """Keep the newest `keep` complete checkpoints; remove leftovers of interrupted saves."""
+    root = checkpoints_dir(run_dir)
+    for entry in root.iterdir():
+        if entry.name.startswith((TMP_PREFIX, OLD_PREFIX)):
+            shutil.rmtree(entry, ignore_errors=True)
+    for old in find_checkpoints(run_dir, warn=False)[keep:]:
+        if old.path != current:
+            shutil.rmtree(old.path, ignore_errors=True)

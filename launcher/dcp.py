@@ -1,0 +1,112 @@
+"""torch.distributed.checkpoint (DCP) for the engines that use it (ddp, fsdp), loaded safely.
+
+DCP writes one file per rank plus a `.metadata` index, and reshards on load: a checkpoint saved
+by 2 ranks loads into 1 or 4. Two parts of stock DCP loading would unpickle arbitrary objects
+(the `.metadata` file and non-tensor values such as learning rates); here both go through
+restricted loaders, so loading a checkpoint never runs code from it.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+# What a DCP `.metadata` file may name: DCP's own index records, torch sizes, dtypes and layouts.
+_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "TensorStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "BytesStorageMetadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _METADATA_CLASSES.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(
+            f"checkpoint metadata names {module}.{name}, which is not allowed"
+        )
+
+
+class SafeReader(dcp.FileSystemReader):
+    """FileSystemReader whose `.metadata` is unpickled with an allow-list of DCP's own classes."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        name = ".metadata" if rank is None else f"__{rank}.metadata"
+        with open(Path(self.path) / name, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+        if not isinstance(metadata, Metadata):
+            raise pickle.UnpicklingError(f"{self.path}/{name} is not DCP metadata")
+        if metadata.storage_meta is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """Non-tensor values (learning rates, step counts, betas) are loaded with weights_only=True."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            # Same placement as the parent class, without its unrestricted unpickling.
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+class ModelAndOptimizer(Stateful):
+    """Model and optimizer state through DCP's state_dict helpers, which understand DDP and FSDP
+    wrappers and shard the optimizer state like the parameters."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+        )
+
+
+def save(directory: Path, state: dict[str, Any]) -> None:
+    """Collective: every rank writes its shard of `state` (Stateful values are asked for theirs)."""
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(directory), sync_files=True))
+
+
+def load(directory: Path, state: dict[str, Any]) -> None:
+    """Collective: fill `state` in place (Stateful values get load_state_dict), resharding as needed."""
+    dcp.load(state, storage_reader=SafeReader(str(directory)), planner=SafeLoadPlanner())

@@ -1,0 +1,139 @@
+"""DeepSpeed: ZeRO stages 0-3 around torch's AdamW and our warmup-cosine schedule.
+
+Imported only when engine=deepspeed (DeepSpeed's import is slow and pulls in much).
+
+How the token-exact loss survives DeepSpeed:
+- backward(scale_wrt_gas=False): DeepSpeed would otherwise divide every micro-batch's loss by
+  gradient_accumulation_steps; our loss is already the global token mean.
+- DeepSpeed averages gradients over the data-parallel ranks at every ZeRO stage, so
+  grad_divisor = world size, as for DDP.
+- accumulation_context(sync) sets DeepSpeed's accumulation boundary explicitly: it reduces
+  (stage 0/1) or finishes its partitioned reduction (stage 2/3) on the last micro-batch, and the
+  loop calls step() once per optimizer step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import math
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from launcher.config.root import RootConfig
+from launcher.engines.base import Engine
+from launcher.engines.ds_config import build_ds_config
+from launcher.optim import build_optimizer, build_scheduler
+from launcher.worker.distributed import DistContext
+
+CHECKPOINT_TAG = "deepspeed"
+
+
+class _DropExpected(logging.Filter):
+    """DeepSpeed warns about any client optimizer it did not write; ours is chosen on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "untested optimizer" not in record.getMessage()
+
+
+_DROP_EXPECTED = _DropExpected()
+
+
+def _import_deepspeed(device: torch.device) -> Any:
+    # DeepSpeed picks its accelerator at import: make it the device this rank trains on (a
+    # GPU machine with train.device=cpu must not get the CUDA accelerator), which also silences
+    # its "Setting accelerator to CPU" guess.
+    os.environ["DS_ACCELERATOR"] = device.type
+    import deepspeed
+
+    ds_logger = logging.getLogger("DeepSpeed")
+    ds_logger.setLevel(logging.WARNING)  # it logs its whole config at INFO on every rank
+    ds_logger.addFilter(_DROP_EXPECTED)  # once, however many engines this process builds
+    # DeepSpeed still calls collectives under names torch has deprecated: not ours to fix.
+    warnings.filterwarnings(
+        "ignore", category=FutureWarning, module="torch.distributed.c10d_logger"
+    )
+    return deepspeed
+
+
+class DeepSpeedEngine(Engine):
+    def __init__(self, cfg: RootConfig, model: nn.Module, ctx: DistContext) -> None:
+        super().__init__(cfg)
+        deepspeed = _import_deepspeed(ctx.device)
+        # DeepSpeed insists on LOCAL_RANK, which torchrun sets; the in-process one-rank run
+        # (dp=1) has none. (Not RANK/WORLD_SIZE: they would mark this process as a torchrun rank.)
+        os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))
+        self.ds_config = build_ds_config(cfg)
+        self.module = model.to(ctx.device)
+        # The client optimizer and scheduler are the ones ddp and fsdp use: the same numbers.
+        self.optimizer = build_optimizer(self.module, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.train.steps, cfg.optim)
+        # Other ranks speak only on error: DeepSpeed print()s progress while it sets up comms.
+        quiet = nullcontext() if ctx.is_main else contextlib.redirect_stdout(io.StringIO())
+        with quiet:
+            # The process group exists already (torchrun's env:// or the in-process one-rank group).
+            self.ds, _, _, _ = deepspeed.initialize(
+                model=self.module,
+                optimizer=self.optimizer,
+                lr_scheduler=self.scheduler,
+                config=self.ds_config,
+                dist_init_required=False,
+            )
+        self.model: nn.Module = self.ds
+        self.grad_divisor = float(ctx.world_size)
+        # ZeRO and the mixed-precision wrappers report the global norm; a bare torch optimizer
+        # (stage 0 in fp32) does not, so then we measure the (already all-reduced) gradients.
+        self._measure_norm = not hasattr(self.ds.optimizer, "_global_grad_norm")
+
+    @contextmanager
+    def _boundary(self, sync: bool) -> Iterator[None]:
+        self.ds.set_gradient_accumulation_boundary(sync)
+        yield
+
+    def accumulation_context(self, sync: bool) -> AbstractContextManager[Any]:
+        return self._boundary(sync)
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        return nullcontext()  # DeepSpeed casts the model to bf16/fp16 itself (fp32: nothing to do)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.ds.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> float:
+        """Unscale, clip (gradient_clipping), step optimizer and scheduler, zero the gradients."""
+        measured = self._grad_norm() if self._measure_norm else None
+        self.ds.step()
+        norm = measured if measured is not None else self.ds.get_global_grad_norm()
+        return math.nan if norm is None else float(norm)
+
+    def _grad_norm(self) -> float:
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
+        """Collective: DeepSpeed's own checkpoint (model, ZeRO partitions, scheduler, scaler)."""
+        self.ds.save_checkpoint(str(directory), tag=CHECKPOINT_TAG, client_state=client_state)
+
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        """Collective: restore what save_checkpoint wrote; return its client_state."""
+        path, client_state = self.ds.load_checkpoint(
+            str(directory),
+            tag=CHECKPOINT_TAG,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
+        return dict(client_state or {})

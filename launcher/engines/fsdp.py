@@ -1,0 +1,82 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`): parameters, gradients and optimizer states sharded
+over the data-parallel ranks, one shard unit per block plus the root (embeddings, head).
+
+How the token-exact loss survives FSDP2: the loss each rank backpropagates is already its share
+of the global token mean, so gradients must be summed over ranks, not averaged. Every unit gets
+a gradient divide factor of 1 and plain SUM reductions (also the only reduction gloo offers for
+reduce-scatter), and grad_divisor = 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import DTensor
+
+from launcher.config.root import RootConfig
+from launcher.config.train import Precision
+from launcher.engines.base import TorchOptimizerEngine
+from launcher.optim import build_optimizer, build_scheduler
+from launcher.worker.distributed import DistContext
+
+PARAM_DTYPE = {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
+
+
+def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:
+    """Compute in bf16/fp16, keep fp32 sharded parameters and reduce gradients in fp32."""
+    return MixedPrecisionPolicy(param_dtype=PARAM_DTYPE[precision], reduce_dtype=torch.float32)
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules to wrap, innermost first: each block (models expose `blocks`), then the root."""
+    blocks = getattr(model, "blocks", None)
+    return [*(blocks if isinstance(blocks, nn.ModuleList) else []), model]
+
+
+class FSDPEngine(TorchOptimizerEngine):
+    def __init__(self, cfg: RootConfig, model: nn.Module, ctx: DistContext) -> None:
+        super().__init__(cfg)
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        policy = mixed_precision_policy(cfg.train.precision)
+        model = model.to(ctx.device)
+        self.units: list[FSDPModule] = []
+        for unit in shard_units(model):
+            sharded = fully_shard(unit, mesh=mesh, mp_policy=policy)
+            sharded.set_gradient_divide_factor(1.0)
+            sharded.set_force_sum_reduction_for_comms(True)
+            self.units.append(sharded)
+        self.module = self.model = model
+        self.grad_divisor = 1.0
+        # Built after sharding, so AdamW holds (and steps) only this rank's shards.
+        self.optimizer = build_optimizer(self.module, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.train.steps, cfg.optim)
+        fp16 = cfg.train.precision == Precision.fp16
+        # Each rank sees only its shards: the scaler agrees on inf/NaN across ranks.
+        self.scaler = ShardedGradScaler(ctx.device.type, enabled=fp16)
+        self._root: FSDPModule = self.units[-1]
+        self._accumulates = cfg.split().grad_accum > 1
+
+    @contextmanager
+    def _sync(self, sync: bool) -> Iterator[None]:
+        # Skipping the reduce-scatter of all but the last micro-batch keeps unsharded gradients
+        # until the step: less communication, more memory. One micro-batch: nothing to skip.
+        self._root.set_requires_gradient_sync(sync)
+        yield
+
+    def accumulation_context(self, sync: bool) -> AbstractContextManager[Any]:
+        if not self._accumulates:
+            return nullcontext()
+        return self._sync(sync)
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        return nullcontext()  # the mixed-precision policy casts parameters itself
+
+    def global_norm(self, norm: torch.Tensor) -> torch.Tensor:
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm  # over all shards

@@ -1,0 +1,190 @@
+"""cluster=slurm: render <run dir>/train.sbatch from slurm/train.sbatch, and submit it with sbatch.
+
+Values on #SBATCH lines are validated (launcher/config/cluster.py and `check_slurm` here); values
+in the script body are shell-quoted. The environment is never copied into the script: sbatch
+passes the submitting shell's environment to the job (its default --export=ALL), so credentials
+reach the job without being written to disk.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.config.root import RootConfig
+from launcher.errors import ConfigError, EnvironmentProblem
+from launcher.exit_codes import STOPPED_RESUMABLE
+from launcher.logs import get_logger
+from launcher.secrets import redactor_for
+from launcher.worker.stop import STOPPED_FILE
+
+log = get_logger("slurm")
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "train.sbatch"
+SBATCH_FILE = "train.sbatch"
+DEFAULT_PORT = "$(( 29500 + SLURM_JOB_ID % 1000 ))"
+"""cluster.port=null: a port per job, so that two jobs sharing a first node do not collide."""
+
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+# sbatch reads #SBATCH values itself: no blanks, quotes, '#', '\\', or '%' (its filename patterns).
+_UNSAFE_PATH = re.compile(r"[\s'\"\\#%\x00-\x1f\x7f]")
+
+
+def log_paths(run_dir: Path, job_id: str = "%j") -> tuple[Path, Path]:
+    """The job's stdout and stderr files (sbatch fills in %j)."""
+    return run_dir / f"slurm-{job_id}.out", run_dir / f"slurm-{job_id}.err"
+
+
+def check_slurm(cfg: RootConfig, run_dir: Path) -> None:
+    """Checks that need the whole config and the run directory; raise before anything is written."""
+    cluster, per_node = cfg.cluster, cfg.parallel.ranks_per_node
+    bad = _UNSAFE_PATH.search(str(run_dir))
+    if bad:
+        raise ConfigError(
+            "hydra.run.dir",
+            f"{str(run_dir)!r} has {bad.group()!r}, which an #SBATCH line cannot hold.",
+            "pick a run directory without blanks, quotes, '#', '\\' or '%'.",
+        )
+    if cluster.gpus_per_node and per_node > cluster.gpus_per_node:
+        raise ConfigError(
+            ["parallel.dp", "parallel.nodes", "cluster.gpus_per_node"],
+            f"{per_node} ranks per node but {cluster.gpus_per_node} GPU(s) per node.",
+            f"set cluster.gpus_per_node={per_node}, or more nodes or fewer ranks.",
+        )
+    if cfg.train.device == "cuda" and not cluster.gpus_per_node:
+        raise ConfigError(
+            ["train.device", "cluster.gpus_per_node"],
+            "train.device=cuda, but the job asks SLURM for no GPU.",
+            f"set cluster.gpus_per_node={per_node} (one per rank).",
+        )
+
+
+def _directives(cfg: RootConfig, run_dir: Path) -> list[str]:
+    cluster = cfg.cluster
+    out, err = log_paths(run_dir)
+    options: list[str | None] = [
+        f"--job-name={cluster.job_name}",
+        f"--nodes={cfg.parallel.nodes}",
+        "--ntasks-per-node=1",
+        f"--gpus-per-node={cluster.gpus_per_node}" if cluster.gpus_per_node else None,
+        f"--cpus-per-task={cluster.cpus_per_task}" if cluster.cpus_per_task else None,
+        f"--mem={cluster.mem}" if cluster.mem is not None else None,
+        f"--time={cluster.time}",
+        f"--partition={cluster.partition}" if cluster.partition else None,
+        f"--account={cluster.account}" if cluster.account else None,
+        f"--qos={cluster.qos}" if cluster.qos else None,
+        f"--constraint={cluster.constraint}" if cluster.constraint else None,
+        f"--output={out}",
+        f"--error={err}",
+        "--open-mode=append",  # a requeued run continues the same log files
+        f"--signal=B:USR1@{cluster.signal_seconds}" if cluster.signal_seconds else None,
+        "--requeue" if cluster.max_requeues else "--no-requeue",
+        *cluster.extra_directives,
+    ]
+    return [f"#SBATCH {option}" for option in options if option is not None]
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
+    missing = set(_PLACEHOLDER.findall(template)) ^ set(values)
+    if missing:
+        raise RuntimeError(f"{TEMPLATE}: placeholders and values differ: {sorted(missing)}")
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+
+
+def _refuse_secrets(cfg: RootConfig, script: str) -> None:
+    """A credential (from the environment, or assigned in a setup line) must not reach the file."""
+    secrets = redactor_for(script)
+    if secrets.text(script) == script:
+        return
+    keys = [
+        f"cluster.setup[{i}]"
+        for i, line in enumerate(cfg.cluster.setup)
+        if secrets.text(line) != line
+    ]
+    raise ConfigError(
+        keys or ["cluster"],
+        "would write a credential into train.sbatch.",
+        "export it in the shell that runs `launch` instead: sbatch passes the environment to the job.",
+    )
+
+
+def render_sbatch(cfg: RootConfig, run_dir: Path) -> str:
+    """The text of train.sbatch for this run (what `launch plan` shows and `launch train` submits)."""
+    run_dir = run_dir.resolve()
+    check_slurm(cfg, run_dir)
+    cluster = cfg.cluster
+    values = {
+        "banner": f"Rendered by `launch` from slurm/train.sbatch; change the config, not this file. Resubmit: sbatch {shlex.quote(str(run_dir / SBATCH_FILE))}",
+        "directives": "\n".join(_directives(cfg, run_dir)),
+        "run_dir": shlex.quote(str(run_dir)),
+        "python": shlex.quote(cluster.python or sys.executable),
+        "ranks_per_node": str(cfg.parallel.ranks_per_node),
+        "port": str(cluster.port) if cluster.port is not None else DEFAULT_PORT,
+        "max_restarts": str(cfg.train.max_restarts),
+        "max_requeues": str(cluster.max_requeues),
+        "stopped_resumable": str(STOPPED_RESUMABLE),
+        "stopped_file": shlex.quote(STOPPED_FILE),
+        "setup": "\n".join(cluster.setup) if cluster.setup else "# (none)",
+    }
+    script = _fill(TEMPLATE.read_text(encoding="utf-8"), values)
+    _refuse_secrets(cfg, script)
+    return script
+
+
+def write_sbatch(cfg: RootConfig, run_dir: Path) -> Path:
+    path = run_dir / SBATCH_FILE
+    path.write_text(render_sbatch(cfg, run_dir), encoding="utf-8")
+    path.chmod(0o755)
+    return path
+
+
+def sbatch_argv(cfg: RootConfig, run_dir: Path) -> list[str]:
+    """The submission command. Renders the script first, so a bad value fails before any file is written."""
+    render_sbatch(cfg, run_dir)
+    wait = ["--wait"] if cfg.cluster.wait else []
+    return ["sbatch", "--parsable", *wait, str(run_dir.resolve() / SBATCH_FILE)]
+
+
+def submit(cfg: RootConfig, run_dir: Path) -> int:
+    """Submit train.sbatch; print the job id and log path. With cluster.wait, the job's exit status."""
+    argv = sbatch_argv(cfg, run_dir)
+    if shutil.which(argv[0]) is None:
+        raise EnvironmentProblem(
+            f"cluster=slurm: sbatch is not on PATH, so nothing was submitted. Fix: run `launch` on a "
+            f"SLURM login node, or submit the script written there yourself: sbatch {argv[-1]}"
+        )
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    job_id = proc.stdout.readline().strip().split(";")[0]  # --parsable: "id" or "id;cluster"
+    if not job_id:
+        proc.wait()
+        words = proc.stderr.read().strip() or f"exit status {proc.returncode}"
+        raise EnvironmentProblem(f"sbatch refused the job: {words}")
+    out, err = log_paths(run_dir.resolve(), job_id)
+    log.info(f"submitted SLURM job {job_id}; log: {out} (stderr: {err.name})")
+    if not cfg.cluster.wait:
+        proc.wait()
+        return 0
+    log.info(
+        f"waiting for job {job_id} to end (cluster.wait=true; Ctrl-C stops waiting, not the job)"
+    )
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        log.warning(f"stopped waiting; job {job_id} keeps running (scancel {job_id} ends it).")
+        return 130
+    words = proc.stderr.read().strip()
+    if code == STOPPED_RESUMABLE:
+        log.warning(
+            f"job {job_id} stopped after saving a checkpoint and was not requeued; resume: sbatch {argv[-1]}"
+        )
+    elif code:
+        log.error(
+            f"job {job_id} failed with exit status {code}{': ' + words if words else ''}; see {out} and {err}"
+        )
+    return code

@@ -1,0 +1,148 @@
+"""What counts as a secret, and one way to remove secrets from text and data before they are written.
+
+A secret is
+- the value of an environment variable whose name looks like a credential: WANDB_API_KEY, any
+  name ending in _KEY or _TOKEN, or containing SECRET, PASSWORD or PASSWD;
+- a value assigned to such a name inside the text or data being written, e.g. the cluster.setup
+  line `export HF_TOKEN=hf_abc...` or a flag `--api-key=...`;
+- a string under a dict key that looks like a credential (api_key, token, password, ...).
+
+Values shorter than MIN_SECRET_LEN characters are ignored: they would match everywhere
+(`1`, `true`), and no real credential is that short. Every secret is replaced by REDACTED.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+REDACTED = "REDACTED"
+"""The replacement: a plain word, safe in YAML, JSON and shell scripts alike."""
+MIN_SECRET_LEN = 8
+
+T = TypeVar("T")
+
+_SECRET_NAME = re.compile(r"(?:^|_)(?:API_?KEY|KEY|TOKEN)$|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
+# NAME=value (shell, .env) or NAME: value, where NAME looks like a credential.
+_ASSIGNMENT = re.compile(
+    r"""(?P<name>[A-Za-z_][A-Za-z0-9_]*)['"]?\s*[=:]\s*(?P<quote>['"]?)(?P<value>[^\s'"]+)(?P=quote)"""
+)
+# --api-key VALUE, --token=VALUE, --password VALUE
+_FLAG = re.compile(
+    r"""--(?P<name>[A-Za-z0-9_-]*(?:key|token|secret|password|passwd))(?:=|\s+)(?P<quote>['"]?)(?P<value>[^\s'"-][^\s'"]*)(?P=quote)""",
+    re.IGNORECASE,
+)
+
+
+def is_secret_name(name: str) -> bool:
+    """True for WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, api_key, ..."""
+    return bool(_SECRET_NAME.search(name.replace("-", "_")))
+
+
+def _long_enough(value: str) -> bool:
+    return len(value) >= MIN_SECRET_LEN
+
+
+def environment_secrets(env: Mapping[str, str] | None = None) -> set[str]:
+    """Values of credential-like environment variables."""
+    env = os.environ if env is None else env
+    return {v for k, v in env.items() if is_secret_name(k) and _long_enough(v)}
+
+
+def assigned_secrets(text: str) -> set[str]:
+    """Values assigned to credential-like names inside `text` (NAME=value, --token value)."""
+    found = set()
+    for pattern in (_ASSIGNMENT, _FLAG):
+        for match in pattern.finditer(text):
+            if is_secret_name(match["name"]) and _long_enough(match["value"]):
+                found.add(match["value"])
+    return found
+
+
+def secrets_in(obj: Any) -> set[str]:
+    """Values assigned to credential-like names inside a string, or dicts and lists of them, and
+    the string values of credential-like dict keys."""
+    if isinstance(obj, str):
+        return assigned_secrets(obj)
+    found: set[str] = set()
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            if isinstance(key, str) and isinstance(value, str) and is_secret_name(key):
+                found.add(value)
+            found |= secrets_in(value)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for item in obj:
+            found |= secrets_in(item)
+    return found
+
+
+class Redactor:
+    """Replaces a fixed set of secret values wherever they appear."""
+
+    def __init__(self, values: Iterable[str]) -> None:
+        # Longest first, so that a secret containing another is replaced whole.
+        ordered = sorted({v for v in values if _long_enough(v)}, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+    def text(self, text: str) -> str:
+        return self._pattern.sub(REDACTED, text) if self._pattern is not None else text
+
+    def data(self, obj: T) -> T:
+        """A copy of dicts/lists/tuples with every string redacted (keys included)."""
+        if isinstance(obj, str):
+            return self.text(obj)  # type: ignore[return-value]
+        if isinstance(obj, Mapping):
+            return {  # type: ignore[return-value]
+                (self.text(k) if isinstance(k, str) else k): self.data(v) for k, v in obj.items()
+            }
+        if isinstance(obj, list):
+            return [self.data(v) for v in obj]  # type: ignore[return-value]
+        if isinstance(obj, tuple):
+            return tuple(self.data(v) for v in obj)  # type: ignore[return-value]
+        return obj
+
+
+def redactor_for(obj: Any = None, env: Mapping[str, str] | None = None) -> Redactor:
+    """A Redactor for the environment's secrets and those assigned inside `obj` (text or data)."""
+    return Redactor(environment_secrets(env) | secrets_in(obj))
+
+
+def redact(obj: T, env: Mapping[str, str] | None = None) -> T:
+    """`obj` (a string, or dicts/lists of them) with every secret replaced by REDACTED."""
+    return redactor_for(obj, env).data(obj)
+
+
+def changed_keys(before: Any, after: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts (what redaction changed)."""
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        keys: list[str] = []
+        for key in before:
+            keys += changed_keys(before[key], after.get(key), f"{prefix}{key}.")
+        return keys
+    return [prefix.rstrip(".")] if before != after else []
+
+
+def redact_file(path: Path, redactor: Redactor | None = None) -> bool:
+    """Rewrite a text file in place without its secrets; True when something was removed.
+
+    Without a redactor: the environment's secrets and those assigned inside the file.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    clean = (redactor_for(text) if redactor is None else redactor).text(text)
+    if clean == text:
+        return False
+    path.write_text(clean, encoding="utf-8")
+    return True
+
+
+def redact_tree(directory: Path, redactor: Redactor | None = None) -> list[Path]:
+    """redact_file on every file under `directory` (if it exists); the files that changed."""
+    if not directory.is_dir():
+        return []
+    return [p for p in sorted(directory.rglob("*")) if p.is_file() and redact_file(p, redactor)]

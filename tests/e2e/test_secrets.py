@@ -1,0 +1,50 @@
+"""Credentials in the environment, or typed into the config, reach no file under the run directory
+(config.yaml, plan.json, Hydra's copies, metrics, summary, checkpoints, wandb's offline files) and
+no log line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FAST, run_launch
+
+pytestmark = pytest.mark.e2e
+
+WANDB_KEY = "SENTINELwandbkey0123456789abcdef0123456789"
+SERVICE_TOKEN = "SENTINELservicetoken42"
+TYPED_TOKEN = "SENTINELtypedintoconfig77"
+
+
+def files_containing(run_dir: Path, needle: str) -> list[Path]:
+    raw = needle.encode()
+    return [p for p in sorted(run_dir.rglob("*")) if p.is_file() and raw in p.read_bytes()]
+
+
+def test_no_file_under_the_run_directory_holds_a_secret(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = [a for a in FAST if not a.startswith("wandb.")]
+    proc = run_launch(
+        [
+            "train",
+            *args,
+            "train.steps=2",
+            "batch.global_size=8",
+            "wandb.mode=offline",
+            # A secret typed into a config string (here a SLURM setup line, kept in config.yaml).
+            f"cluster.setup=['export HF_TOKEN={TYPED_TOKEN}','module load cuda']",
+        ],
+        run_dir,
+        env={
+            "WANDB_API_KEY": WANDB_KEY,
+            "MY_SERVICE_TOKEN": SERVICE_TOKEN,
+            "WANDB_SILENT": "false",
+        },
+    )
+    for written in ("wandb/run_id.txt", ".hydra/overrides.yaml", "checkpoints", "summary.json"):
+        assert (run_dir / written).exists(), written
+    assert "export HF_TOKEN=REDACTED" in (run_dir / "config.yaml").read_text()
+    for secret in (WANDB_KEY, SERVICE_TOKEN, TYPED_TOKEN):
+        assert files_containing(run_dir, secret) == [], secret
+        assert secret not in proc.stdout + proc.stderr

@@ -1,0 +1,228 @@
+"""Checkpoints in one process: exact resume, atomic layout, damaged ones skipped, fingerprints,
+and loading that never runs code from the files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from launcher.checkpoint import Checkpointer
+from launcher.checkpoint_files import (
+    MARKER,
+    check_compatible,
+    check_resume,
+    find_checkpoints,
+    fingerprint,
+    start_fresh,
+)
+from launcher.config.root import RootConfig
+from launcher.dcp import SafeReader
+from launcher.errors import ConfigError
+from launcher.loss import all_reduce_token_counts
+from launcher.worker.distributed import DistContext, init_distributed, teardown_distributed
+from launcher.worker.loop import Trainer
+from tests.harness import build_trainer, make_config
+
+
+@pytest.fixture
+def ctx() -> Iterator[DistContext]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: extra threads only wait on each other on a busy machine
+    context = init_distributed("cpu")  # a one-rank gloo group in this process
+    try:
+        yield context
+    finally:
+        teardown_distributed()
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def warnings_seen() -> Iterator[list[str]]:
+    """Warnings of the launcher's loggers (they may not propagate to pytest's capture)."""
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    logger = logging.getLogger("launcher")
+    logger.addHandler(handler)
+    try:
+        yield seen
+    finally:
+        logger.removeHandler(handler)
+
+
+def config(**sections: dict) -> RootConfig:
+    base: dict = {
+        "train": {"steps": 4},
+        "batch": {"global_size": 8, "micro_size": 4},
+        "checkpoint": {"every": 2},
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return make_config(**base)
+
+
+def train(trainer: Trainer, checkpoints: Checkpointer, steps: int) -> list[float]:
+    """What Trainer.train does, returning the losses."""
+    losses = []
+    for _ in range(steps):
+        result = trainer.train_step(trainer.step)
+        trainer.step += 1
+        trainer.tracker.log_step(result.metrics(trainer.split))
+        checkpoints.after_step(trainer.step)
+        assert result.loss is not None
+        losses.append(result.loss)
+    return losses
+
+
+def run(cfg: RootConfig, ctx: DistContext, run_dir: Path) -> list[float]:
+    trainer = build_trainer(cfg, ctx, run_dir)
+    checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
+    losses = train(trainer, checkpoints, cfg.train.steps)
+    checkpoints.save_final()
+    return losses
+
+
+def test_resume_continues_the_same_trajectory_bitwise(ctx: DistContext, tmp_path: Path) -> None:
+    # Dropout on: the restored RNG state matters too.
+    cfg = config(train={"steps": 6}, checkpoint={"every": 3}, model={"dropout": 0.1})
+    straight = run(cfg, ctx, tmp_path)
+
+    resumed_cfg = config(
+        train={"steps": 6, "resume": str(tmp_path / "checkpoints" / "step_3")},
+        model={"dropout": 0.1},
+    )
+    trainer = build_trainer(resumed_cfg, ctx, tmp_path)
+    checkpoints = Checkpointer(resumed_cfg, tmp_path, ctx, trainer)
+    ckpt = checkpoints.resume()
+    assert ckpt is not None and ckpt.step == 3 and trainer.step == 3
+    assert trainer.tracker.totals.steps == 3  # the run's totals so far come back too
+    assert train(trainer, checkpoints, 3) == straight[3:]
+    assert trainer.tracker.totals.steps == 6
+
+
+def test_layout_marker_and_keep(ctx: DistContext, tmp_path: Path) -> None:
+    run(config(checkpoint={"every": 1, "keep": 2}), ctx, tmp_path)
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step_3", "step_4"]  # no leftovers either
+    newest = root / "step_4"
+    files = json.loads((newest / MARKER).read_text())["files"]
+    assert {"meta.json", "rng/rank_0.pt", "engine/.metadata"} <= set(files)
+    assert all((newest / rel).stat().st_size == size for rel, size in files.items())
+    meta = json.loads((newest / "meta.json").read_text())
+    assert meta["step"] == 4 and meta["samples_seen"] == 32 and meta["world_size"] == 1
+    assert [c.step for c in find_checkpoints(tmp_path)] == [4, 3]
+
+
+def test_truncated_file_is_skipped_with_a_warning(
+    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
+) -> None:
+    run(config(), ctx, tmp_path)
+    shard = max(
+        (tmp_path / "checkpoints" / "step_4" / "engine").glob("*.distcp"),
+        key=lambda p: p.stat().st_size,
+    )
+    os.truncate(shard, shard.stat().st_size // 2)
+    assert [c.step for c in find_checkpoints(tmp_path)] == [2]
+    assert any("step_4" in w and "truncated" in w for w in warnings_seen), warnings_seen
+
+
+def test_interrupted_saves_are_skipped_with_a_warning(
+    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
+) -> None:
+    run(config(), ctx, tmp_path)
+    root = tmp_path / "checkpoints"
+    (root / ".tmp_step_6" / "engine").mkdir(parents=True)  # killed before its marker
+    (root / "step_5").mkdir()  # not ours to trust: no marker
+    assert [c.step for c in find_checkpoints(tmp_path)] == [4, 2]
+    assert any(".tmp_step_6" in w for w in warnings_seen)
+    assert any("step_5" in w and "incomplete" in w for w in warnings_seen)
+
+
+def test_a_checkpoint_that_fails_to_load_falls_back_to_the_previous(
+    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
+) -> None:
+    cfg = config()
+    run(cfg, ctx, tmp_path)
+    metadata = tmp_path / "checkpoints" / "step_4" / "engine" / ".metadata"
+    metadata.write_bytes(b"\0" * metadata.stat().st_size)  # same size, so only loading can tell
+    trainer = build_trainer(cfg, ctx, tmp_path)
+    ckpt = Checkpointer(cfg, tmp_path, ctx, trainer).resume()
+    assert ckpt is not None and ckpt.step == 2 and trainer.step == 2
+    assert any("step_4" in w for w in warnings_seen)
+
+
+def test_changed_model_shape_is_refused_naming_the_setting(
+    ctx: DistContext, tmp_path: Path
+) -> None:
+    run(config(), ctx, tmp_path)
+    newest = find_checkpoints(tmp_path)[0]
+    with pytest.raises(ConfigError) as err:
+        check_compatible(newest.meta, config(model={"d_model": 64}), newest.path)
+    assert err.value.keys == ["model.d_model"]
+    assert "model.d_model=32 in the checkpoint, 64 now" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        check_resume(config(model={"d_model": 64}), tmp_path)  # what `launch` runs first
+    assert err.value.keys == ["model.d_model"]
+    with pytest.raises(ConfigError) as err:
+        check_compatible(newest.meta, config(batch={"global_size": 16}), newest.path)
+    assert err.value.keys == ["batch.global_size"]
+    # Another split of the same global batch is fine: that is what resharding is for.
+    check_compatible(
+        newest.meta,
+        config(parallel={"dp": 2}, batch={"global_size": 8, "micro_size": 2}),
+        newest.path,
+    )
+
+
+def test_resume_never_refuses_to_overwrite_unless_told(ctx: DistContext, tmp_path: Path) -> None:
+    run(config(), ctx, tmp_path)
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    never = config(train={"resume": "never"})
+    with pytest.raises(ConfigError) as err:
+        check_resume(never, tmp_path)
+    assert err.value.keys == ["train.resume", "checkpoint.overwrite"]
+    overwrite = config(train={"resume": "never"}, checkpoint={"overwrite": True})
+    check_resume(overwrite, tmp_path)
+    start_fresh(overwrite, tmp_path)
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_resume_path_must_be_a_complete_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_resume(config(train={"resume": str(tmp_path / "nowhere")}), tmp_path)
+    assert err.value.keys == ["train.resume"]
+
+
+def test_fingerprint_ignores_the_split() -> None:
+    one = fingerprint(config())
+    assert one == fingerprint(config(parallel={"dp": 2}, batch={"global_size": 8, "micro_size": 2}))
+    assert one != fingerprint(config(train={"seed": 1}))
+
+
+class _Exploit:
+    def __reduce__(self) -> tuple:
+        return (os.system, ("touch pwned",))
+
+
+def test_checkpoint_metadata_never_runs_code(tmp_path: Path) -> None:
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(_Exploit()))
+    with pytest.raises(pickle.UnpicklingError):
+        SafeReader(str(tmp_path)).read_metadata()
+    assert not (Path.cwd() / "pwned").exists()
+
+
+def test_stop_request_rides_on_the_token_count(ctx: DistContext) -> None:
+    cpu = torch.device("cpu")
+    assert all_reduce_token_counts(5, 10, cpu, stop=True).stop
+    assert not all_reduce_token_counts(5, 10, cpu).stop

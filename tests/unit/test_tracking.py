@@ -1,0 +1,136 @@
+"""Console progress, metrics.jsonl lines and the summary fields the tracker adds."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from launcher.flops import MfuMeter
+from launcher.tracking import METRIC_KEYS, METRICS_FILE, SUMMARY_FILE, Progress, Tracker
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+CONTROL = re.compile(r"[\r\x1b\x08]")
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def loop_metrics(step: int, seconds: float = 0.5) -> dict[str, object]:
+    """What the training loop hands the tracker for one step."""
+    return {
+        "step": step,
+        "loss": 2.0 / step,
+        "tokens": 300,
+        "lr": 1e-3,
+        "grad_norm": 0.5,
+        "tokens_per_s": 300 / seconds,
+        "step_time_s": seconds,
+        "compute_s": seconds - 0.1,
+        "comm_wait_s": 0.05,
+        "data_s": 0.05,
+        "rank_tokens_min": 140,
+        "rank_tokens_max": 160,
+        "padding_fraction": 0.25,
+        "skipped": False,
+    }
+
+
+def test_plain_lines_every_n_steps_without_control_characters() -> None:
+    out = io.StringIO()
+    progress = Progress(total=10, every=4, stream=out)
+    for step in range(1, 11):
+        progress.update(step, 1.0, 1000.0, mfu=0.25, memory=2**30)
+    lines = out.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == ["1/10", "4/10", "8/10", "10/10"]
+    assert "mfu 25.0%" in lines[0] and "mem 1.00 GiB" in lines[0] and "eta" in lines[0]
+    assert not CONTROL.search(out.getvalue())
+
+
+def test_terminal_gets_a_redrawn_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "xterm")
+    out = Terminal()
+    progress = Progress(total=3, every=100, stream=out)
+    for step in range(1, 4):
+        progress.update(step, None if step == 2 else 1.0, 1000.0)
+    text = out.getvalue()
+    assert text.count("\r") == 3 and text.endswith("\n")
+    assert "step 2/3 loss skipped" in text
+
+
+def test_dumb_terminal_gets_plain_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "dumb")
+    out = Terminal()
+    Progress(total=2, every=1, stream=out).update(1, 1.0, 10.0)
+    assert not CONTROL.search(out.getvalue())
+
+
+def make_tracker(run_dir: Path, enabled: bool = True, recompute: bool = False) -> Tracker:
+    return Tracker(
+        run_dir,
+        total_steps=4,
+        log_every=2,
+        enabled=enabled,
+        positions_per_step=400,
+        meter=MfuMeter(flops_per_token=1_000_000, peak_per_device=1e9, devices=2),
+        recompute=recompute,
+        stream=io.StringIO(),
+    )
+
+
+def test_every_line_carries_every_key(tmp_path: Path) -> None:
+    tracker = make_tracker(tmp_path)
+    tracker.log_step(loop_metrics(1))
+    tracker.log_step({**loop_metrics(2), "loss": None, "grad_norm": math.nan, "skipped": True})
+    tracker.finish({"steps": 2})
+    lines = [json.loads(line) for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
+    assert len(lines) == 2
+    for line in lines:
+        assert set(METRIC_KEYS) <= set(line), set(METRIC_KEYS) - set(line)
+        assert line["peak_memory_bytes"] > 0
+    # 400 positions x 1e6 FLOPs in 0.5 s over 2 x 1e9 FLOP/s = 0.4
+    assert lines[0]["mfu"] == pytest.approx(0.4)
+    assert lines[1]["loss"] is None and lines[1]["grad_norm"] is None  # NaN is written as null
+
+
+def test_summary_fields(tmp_path: Path) -> None:
+    tracker = make_tracker(tmp_path, recompute=True)
+    for step in (1, 2):
+        tracker.log_step(
+            {**loop_metrics(step), "rank_tokens_min": 100 + step, "rank_tokens_max": 200 + step}
+        )
+    summary = tracker.finish({"steps": 2, "recompute_flops_ratio": 1.25, "data_s": 123.0})
+    assert summary == json.loads((tmp_path / SUMMARY_FILE).read_text())
+    assert summary["mfu"] == pytest.approx(0.4)
+    assert summary["hfu"] == pytest.approx(0.5)
+    assert summary["flops_per_token"] == 1_000_000 and summary["peak_flops"] == 1e9
+    assert summary["comm_wait_s"] == pytest.approx(0.1)
+    assert summary["compute_s"] == pytest.approx(1.0 - 0.1 - 0.1)
+    assert summary["data_s"] == 123.0  # the caller's fields win
+    assert summary["padding_fraction"] == pytest.approx(1 - 600 / 800)
+    assert (summary["rank_tokens_min"], summary["rank_tokens_max"]) == (101, 202)
+    assert summary["wandb_run_id"] is None
+
+
+def test_other_ranks_write_nothing(tmp_path: Path) -> None:
+    tracker = make_tracker(tmp_path, enabled=False)
+    tracker.log_step(loop_metrics(1))
+    summary = tracker.finish({"steps": 1})
+    assert list(tmp_path.iterdir()) == []
+    assert tracker.totals.steps == 1 and summary["steps"] == 1
+
+
+def test_readme_documents_every_key() -> None:
+    text = README.read_text()
+    section = text[text.index("<!-- section: tracking -->") :]
+    section = section[: section.index("<!-- section:", 10)]
+    missing = [
+        key for key in (*METRIC_KEYS, "hfu", "recompute_flops_ratio") if f"`{key}`" not in section
+    ]
+    assert not missing, f"README's tracking section does not document {missing}"
