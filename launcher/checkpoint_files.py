@@ -49,10 +49,31 @@ def checkpoints_dir(run_dir: Path) -> Path:
 
 def fingerprint(cfg: RootConfig) -> dict[str, Any]:
     """Settings a resumed run must share with its checkpoint: the model's shape, the global
-    batch, the seed and the data (together they fix the trajectory). Everything else, the split
-    into ranks and micro-batches included, may change."""
-    m = cfg.model
+    batch, the seed, the data, the optimizer and the schedule's length (together they fix the
+    trajectory; the optimizer and scheduler states loaded from the checkpoint would silently
+    override a changed optim.* or train.steps). The split into ranks and micro-batches, the engine
+    (where it can reshard), recompute and logging may change."""
+    m, d, o = cfg.model, cfg.data, cfg.optim
+    optim = {
+        f"optim.{key}": getattr(o, key)
+        for key in (
+            "lr",
+            "min_lr_ratio",
+            "warmup_steps",
+            "weight_decay",
+            "beta1",
+            "beta2",
+            "eps",
+            "grad_clip",
+        )
+    }
     return {
+        **optim,
+        "train.steps": cfg.train.steps,
+        "data.path": d.path,
+        "data.min_len": d.min_len,
+        "data.max_len": d.max_len,
+        "data.alphabet": d.alphabet,
         "model.n_layer": m.n_layer,
         "model.n_head": m.n_head,
         "model.d_model": m.d_model,
@@ -75,7 +96,7 @@ def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path) -> None:
         raise ConfigError(
             changed,
             f"changed since checkpoint {path} was saved ({diffs}); a resumed run must keep the "
-            "model shape, global batch, seed and data.",
+            "model shape, global batch, seed, data, optimizer settings and train.steps.",
             f"resume with {restore}, or start a new run elsewhere (hydra.run.dir=...), or discard "
             "the checkpoints with train.resume=never checkpoint.overwrite=true.",
         )

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from launcher.config.load import to_root_config
 from launcher.config.store import register_configs
 from launcher.errors import LauncherError
+from launcher.exit_codes import CONFIG_ERROR
 from launcher.logs import get_logger, setup_logging
 from launcher.sweep import job as sweep_job
 
@@ -90,6 +91,9 @@ def _job(cfg: DictConfig, command: str) -> int:
         if not multirun:
             raise
         return sweep_job.record_crash(run_dir, exc)
+    finally:
+        if multirun:
+            sweep_job.scrub_secrets(run_dir, Path(hydra_cfg.sweep.dir))
     if code and multirun and not sweep_job.record_exit(run_dir, code):
         return code  # the sweep goes on with the next point
     if code:
@@ -100,11 +104,21 @@ def _job(cfg: DictConfig, command: str) -> int:
 def _hydra_entry(command: str) -> None:
     register_configs()
 
+    jobs_started: list[DictConfig] = []
+
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def entry(cfg: DictConfig) -> int:
+        jobs_started.append(cfg)
         return _job(cfg, command)
 
-    entry()
+    try:
+        entry()
+    except SystemExit as exc:
+        # Hydra reports a bad override or config group (already printed) with status 1 before
+        # any job starts; to the user that is a config error like ours: status 2.
+        if exc.code == 1 and not jobs_started:
+            sys.exit(CONFIG_ERROR)
+        raise
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +24,37 @@ def _unwrap(exc: BaseException) -> LauncherError | None:
     return None
 
 
+def _unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
+    """Keys in `node` that `schema` (a dataclass) has no field for, e.g. a `+optim.lrr=0.1` typo."""
+    types = typing.get_type_hints(schema)  # resolves the postponed annotations
+    unknown = []
+    for key in node:
+        name = f"{prefix}{key}"
+        if key not in types:
+            unknown.append(name)
+            continue
+        field_type = types[key]
+        sub = node[key]
+        if (
+            isinstance(sub, (dict, DictConfig))
+            and isinstance(field_type, type)
+            and dataclasses.is_dataclass(field_type)
+        ):
+            unknown += _unknown_keys(sub, field_type, name + ".")
+    return unknown
+
+
 def to_root_config(cfg: DictConfig | dict[str, Any]) -> RootConfig:
     """Validate every section and the combinations; raise ConfigError naming the key."""
     try:
         node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+        unknown = _unknown_keys(node, RootConfig)
+        if unknown:
+            raise ConfigError(
+                unknown,
+                "no such config key (a typo, or a key added with + that nothing reads).",
+                "check the spelling against `launch train --cfg job`.",
+            )
         merged = OmegaConf.merge(OmegaConf.structured(RootConfig), node)
         obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from launcher.config.root import RootConfig
 from launcher.logs import get_logger
+from launcher.secrets import redact, redact_file, redact_tree
 
 log = get_logger("sweep")
 
@@ -43,12 +44,19 @@ def start_point(cfg: RootConfig, run_dir: Path, sweep_dir: Path) -> RootConfig:
     return join_sweep(cfg, sweep_dir)
 
 
+def scrub_secrets(run_dir: Path, sweep_dir: Path) -> None:
+    """Hydra writes a point's overrides (and any credential typed into them) to its .hydra/ and to
+    the sweep's multirun.yaml before the point runs, whether or not its config is valid."""
+    redact_tree(run_dir / ".hydra")
+    redact_file(sweep_dir / "multirun.yaml")
+
+
 def record_failure(run_dir: Path, reason: str, details: str = "") -> None:
     """Write <run dir>/error.txt; the sweep summary shows its first line as the point's reason."""
     run_dir.mkdir(parents=True, exist_ok=True)
     one_line = " ".join(reason.split())
     text = one_line + "\n" + (f"\n{details.rstrip()}\n" if details else "")
-    (run_dir / ERROR_FILE).write_text(text, encoding="utf-8")
+    (run_dir / ERROR_FILE).write_text(redact(text), encoding="utf-8")
 
 
 def record_crash(run_dir: Path, exc: Exception) -> int:

@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from launcher.errors import EnvironmentProblem
+from launcher.errors import ConfigError, EnvironmentProblem
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,20 @@ def init_distributed(requested_device: str, timeout_s: float = 600.0) -> DistCon
                 backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
             )
     return DistContext(rank, world, local_rank, device)
+
+
+def check_world_size(ctx: DistContext, dp: int, nodes: int) -> None:
+    """The runtime layer of validation: the job must have the ranks the config's batch split assumes.
+
+    (The sampler slices each global batch into dp parts; with fewer ranks, parts would go untrained.)
+    """
+    if ctx.world_size != dp:
+        raise ConfigError(
+            ["parallel.dp", "parallel.nodes"],
+            f"this job has {ctx.world_size} rank(s), but the config asks for dp={dp} on {nodes} node(s).",
+            "start it with `launch train` (which sizes torchrun and sbatch from the config), or "
+            "change parallel.dp and parallel.nodes to match the job.",
+        )
 
 
 def teardown_distributed() -> None:

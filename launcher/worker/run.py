@@ -23,7 +23,12 @@ from launcher.models import GPT
 from launcher.recompute import apply_recompute
 from launcher.secrets import redact
 from launcher.tracking import peak_memory_bytes, start_tracking
-from launcher.worker.distributed import DistContext, init_distributed, teardown_distributed
+from launcher.worker.distributed import (
+    DistContext,
+    check_world_size,
+    init_distributed,
+    teardown_distributed,
+)
 from launcher.worker.evaluate import exact_match
 from launcher.worker.loop import Trainer
 from launcher.worker.stop import (
@@ -72,6 +77,7 @@ def build_model(cfg: RootConfig) -> nn.Module:
 def train_rank(
     cfg: RootConfig, run_dir: Path, ctx: DistContext, stop: StopFlag | None = None
 ) -> dict[str, Any]:
+    check_world_size(ctx, cfg.parallel.dp, cfg.parallel.nodes)
     split = cfg.split()
     model = build_model(cfg)
     warn_batch_dependent_layers(model, split.micro_size, split.global_size)

@@ -60,6 +60,9 @@ def test_plan_writes_files_and_starts_nothing(tmp_path: Path) -> None:
         (["batch.foo=1"], ["batch.foo"]),
         (["parallel.nodes=2", "parallel.dp=2"], ["parallel.nodes", "cluster"]),
         (["data=text", "data.path=/nonexistent/file.txt"], ["data.path"]),
+        (["ac=bogus"], ["ac/bogus"]),
+        (["+optim.lrr=0.1"], ["optim.lrr"]),
+        (["train.precision=fp8"], ["train.precision"]),
     ],
 )
 def test_bad_override_fails_before_anything_runs(
@@ -68,7 +71,7 @@ def test_bad_override_fails_before_anything_runs(
     run_dir = tmp_path / "run"
     for command in ("plan", "train"):
         proc = run_launch([command, *overrides], run_dir, check=False)
-        assert proc.returncode != 0
+        assert proc.returncode == 2  # a config error: nothing was started
         for name in names:
             assert name in proc.stderr + proc.stdout
         assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "config.yaml").exists()

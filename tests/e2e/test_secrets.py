@@ -48,3 +48,23 @@ def test_no_file_under_the_run_directory_holds_a_secret(tmp_path: Path) -> None:
     for secret in (WANDB_KEY, SERVICE_TOKEN, TYPED_TOKEN):
         assert files_containing(run_dir, secret) == [], secret
         assert secret not in proc.stdout + proc.stderr
+
+
+def test_a_sweep_leaves_no_credential_in_hydra_files_or_the_summary(tmp_path: Path) -> None:
+    """Hydra writes the overrides to .hydra/ and multirun.yaml before a point runs, even a point
+    whose config is refused (here: a credential in cluster.setup)."""
+    sentinel = "hf_sweepsentinel0123456789"
+    sweep_dir = tmp_path / "sweep"
+    run_launch(
+        [
+            "plan",
+            "-m",
+            "cluster=slurm",
+            f"cluster.setup=['export HF_TOKEN={sentinel}']",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        check=False,
+    )
+    files = [p for p in sweep_dir.rglob("*") if p.is_file()]
+    assert any(p.name == "multirun.yaml" for p in files)
+    assert [p for p in files if sentinel.encode() in p.read_bytes()] == []

@@ -226,3 +226,29 @@ def test_stop_request_rides_on_the_token_count(ctx: DistContext) -> None:
     cpu = torch.device("cpu")
     assert all_reduce_token_counts(5, 10, cpu, stop=True).stop
     assert not all_reduce_token_counts(5, 10, cpu).stop
+
+
+@pytest.mark.parametrize(
+    ("section", "values", "key"),
+    [
+        ("optim", {"lr": 0.1}, "optim.lr"),
+        ("optim", {"beta2": 0.9}, "optim.beta2"),
+        ("train", {"steps": 99}, "train.steps"),
+        ("data", {"max_len": 5}, "data.max_len"),
+    ],
+)
+def test_settings_the_loaded_state_would_override_are_refused(
+    tmp_path: Path, section: str, values: dict, key: str
+) -> None:
+    """The optimizer and scheduler states carry lr, betas and the schedule: a change would be lost."""
+    from launcher.checkpoint_files import check_compatible, fingerprint
+    from launcher.config import to_root_config
+    from launcher.errors import ConfigError
+
+    saved = {"fingerprint": fingerprint(to_root_config({})), "engine": "ddp"}
+    check_compatible(
+        saved, to_root_config({"parallel": {"dp": 2}}), tmp_path
+    )  # a new split is fine
+    with pytest.raises(ConfigError) as info:
+        check_compatible(saved, to_root_config({section: values}), tmp_path)
+    assert info.value.keys == [key]
