@@ -83,6 +83,10 @@ def prepare_run(cfg: RootConfig, run_dir: Path) -> tuple[RootConfig, Plan]:
     cfg = check_wandb(cfg)
     cfg = check_resume(cfg, run_dir)  # a refused resume fails here, before anything is written
     plan = build_plan(cfg, command_for(cfg, run_dir))
+    if plan.runner == "torchrun":
+        from launcher.runners.torchrun import environment_additions
+
+        plan.env = environment_additions(cfg)
     # Generated (and checked against engine.extra) before anything is written.
     ds_config = ds_config_json(cfg) if cfg.engine.name == EngineName.deepspeed else None
     if ds_config is not None:

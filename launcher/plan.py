@@ -44,6 +44,8 @@ class Plan:
     memory_estimate: dict[str, int]
     runner: str
     command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables the runner adds for the command."""
     files: list[str] = field(default_factory=list)
     activation_estimates: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per recompute policy: activation_bytes, activation_peak_bytes, recompute_flops_ratio."""
@@ -65,6 +67,8 @@ class Plan:
         ]
         if self.command:
             lines.append("command     " + " ".join(self.command))
+        if self.env:
+            lines.append("env         " + " ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
         return "\n".join(lines)
 
 

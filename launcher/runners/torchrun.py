@@ -36,16 +36,23 @@ def torchrun_argv(cfg: RootConfig, config_path: Path) -> list[str]:
     ]
 
 
-def rank_environment(cfg: RootConfig) -> dict[str, str]:
-    env = dict(os.environ)
-    # Share the cores instead of oversubscribing them (torchrun would pick 1 and warn).
-    env.setdefault("OMP_NUM_THREADS", str(max(1, local_cpu_count() // cfg.parallel.ranks_per_node)))
-    env.setdefault("PYTHONUNBUFFERED", "1")
+def environment_additions(cfg: RootConfig) -> dict[str, str]:
+    """What the ranks' environment gets on top of this one (unless already set); `launch plan`
+    shows it next to the command."""
+    extra = {
+        # Share the cores instead of oversubscribing them (torchrun would pick 1 and warn).
+        "OMP_NUM_THREADS": str(max(1, local_cpu_count() // cfg.parallel.ranks_per_node)),
+        "PYTHONUNBUFFERED": "1",
+    }
     if cfg.train.max_restarts > 0:
         # torchrun's shared rendezvous store keeps the killed ranks' addresses, and restarted
         # ranks would dial them (pytorch/pytorch#135712): give every attempt a fresh store.
-        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    return env
+        extra["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return {key: value for key, value in extra.items() if key not in os.environ}
+
+
+def rank_environment(cfg: RootConfig) -> dict[str, str]:
+    return {**os.environ, **environment_additions(cfg)}
 
 
 def report_failed_ranks(run_dir: Path) -> None:

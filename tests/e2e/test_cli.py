@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,8 @@ def test_plan_writes_files_and_starts_nothing(tmp_path: Path) -> None:
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["grad_accum"] == 2 and plan["micro_size"] == 4 and plan["world_size"] == 2
     assert plan["runner"] == "torchrun" and "launcher.worker" in plan["command"]
+    # The environment the runner adds is part of the plan too (unless this one already sets it).
+    assert "OMP_NUM_THREADS" in plan["env"] or "OMP_NUM_THREADS" in os.environ
     assert (run_dir / "config.yaml").exists()
     assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "summary.json").exists()
 
