@@ -47,6 +47,9 @@ def checkpoints_dir(run_dir: Path) -> Path:
 # --- what must not change on resume --------------------------------------------------------------
 
 
+STEPS_KEY = "train.steps"
+
+
 def fingerprint(cfg: RootConfig) -> dict[str, Any]:
     """Settings a resumed run must share with its checkpoint: the model's shape, the global
     batch, the seed, the data, the optimizer and the schedule's length (together they fix the
@@ -69,7 +72,7 @@ def fingerprint(cfg: RootConfig) -> dict[str, Any]:
     }
     return {
         **optim,
-        "train.steps": cfg.train.steps,
+        STEPS_KEY: cfg.train.steps,
         "data.path": d.path,
         "data.min_len": d.min_len,
         "data.max_len": d.max_len,
@@ -87,16 +90,26 @@ def fingerprint(cfg: RootConfig) -> dict[str, Any]:
 
 
 def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path) -> None:
-    """Raise ConfigError naming every setting that differs from checkpoint `path`."""
+    """Raise ConfigError naming every setting that differs from checkpoint `path`.
+
+    train.steps alone may change (to train on, or stop sooner): the schedule is rebuilt from the
+    new length, so the learning rate follows the new cosine from here on, with a warning.
+    """
     saved, now = meta.get("fingerprint", {}), fingerprint(cfg)
     changed = [k for k in now if k in saved and saved[k] != now[k]]
+    if STEPS_KEY in changed:
+        changed.remove(STEPS_KEY)
+        log.warning(
+            f"{STEPS_KEY} changed from {saved[STEPS_KEY]} to {now[STEPS_KEY]} since checkpoint "
+            f"{path}: the learning-rate schedule is stretched to the new length from here on."
+        )
     if changed:
         diffs = ", ".join(f"{k}={saved[k]} in the checkpoint, {now[k]} now" for k in changed)
         restore = " ".join(f"{k}={saved[k]}" for k in changed)
         raise ConfigError(
             changed,
             f"changed since checkpoint {path} was saved ({diffs}); a resumed run must keep the "
-            "model shape, global batch, seed, data, optimizer settings and train.steps.",
+            "model shape, global batch, seed, data and optimizer settings.",
             f"resume with {restore}, or start a new run elsewhere (hydra.run.dir=...), or discard "
             "the checkpoints with train.resume=never checkpoint.overwrite=true.",
         )
