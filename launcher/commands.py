@@ -77,8 +77,23 @@ def command_for(cfg: RootConfig, run_dir: Path) -> list[str]:
     return []
 
 
-def prepare_run(cfg: RootConfig, run_dir: Path) -> tuple[RootConfig, Plan]:
+def refuse_started_run(run_dir: Path) -> None:
+    """A dry run never touches a run that has trained: its config.yaml is what a resumed or
+    requeued job reads."""
+    started = [name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
+    if started:
+        raise ConfigError(
+            "hydra.run.dir",
+            f"{run_dir} holds a run that has started ({', '.join(started)}); `launch plan` would "
+            "overwrite the config.yaml that resuming or requeueing it reads.",
+            "plan into a new directory (hydra.run.dir=...), or use `launch train` to resume it.",
+        )
+
+
+def prepare_run(cfg: RootConfig, run_dir: Path, dry_run: bool = False) -> tuple[RootConfig, Plan]:
     """Validate against this machine, then write config.yaml and plan.json (nothing earlier)."""
+    if dry_run:
+        refuse_started_run(run_dir)
     cfg = check_environment(cfg)
     cfg = check_wandb(cfg)
     cfg = check_resume(cfg, run_dir)  # a refused resume fails here, before anything is written
@@ -117,7 +132,7 @@ def prepare_run(cfg: RootConfig, run_dir: Path) -> tuple[RootConfig, Plan]:
 
 
 def plan_command(cfg: RootConfig, run_dir: Path) -> Plan:
-    _, plan = prepare_run(cfg, run_dir)
+    _, plan = prepare_run(cfg, run_dir, dry_run=True)
     log.info(plan.describe())
     if DS_CONFIG_FILE in plan.files:  # the file the run would hand DeepSpeed, byte for byte
         ds_config = (run_dir / DS_CONFIG_FILE).read_text(encoding="utf-8")

@@ -109,3 +109,12 @@ def test_micro_batch_split_gives_the_same_curve(tmp_path: Path) -> None:
         curves[micro] = read_losses(run_dir)
         assert read_summary(run_dir)["grad_accum"] == 16 // micro
     assert max_rel_diff(curves[4], curves[16]) < 1e-5
+
+
+def test_plan_never_touches_a_run_that_has_started(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_launch(["train", "train.steps=2", *FAST], run_dir)
+    config_before = (run_dir / "config.yaml").read_text()
+    proc = run_launch(["plan", "train.steps=4", *FAST], run_dir, check=False)
+    assert proc.returncode == 2 and "hydra.run.dir" in proc.stderr
+    assert (run_dir / "config.yaml").read_text() == config_before
