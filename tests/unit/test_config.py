@@ -5,11 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 
 from launcher.config import to_root_config
-from launcher.config.store import register_configs
 from launcher.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -73,15 +71,6 @@ def test_conf_has_the_groups_the_contract_names() -> None:
     ]:
         assert needed in options
     assert len([o for g, o in options if g == "model"]) >= 3
-
-
-@pytest.fixture(scope="module")
-def hydra_conf():
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield
-    GlobalHydra.instance().clear()
 
 
 @pytest.mark.parametrize(("group", "option"), _group_options())

@@ -5,11 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 
 from launcher.config import to_root_config
-from launcher.config.store import register_configs
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.sweep.job import (
     join_sweep,
@@ -68,15 +66,6 @@ def test_a_point_run_again_forgets_its_earlier_failure(tmp_path: Path) -> None:
     record_failure(tmp_path / "3", "out of memory")
     start_point(to_root_config({}), tmp_path / "3", tmp_path)
     assert not (tmp_path / "3" / "error.txt").exists()
-
-
-@pytest.fixture(scope="module")
-def hydra_conf():
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield
-    GlobalHydra.instance().clear()
 
 
 @pytest.mark.parametrize(
