@@ -109,10 +109,10 @@ class Trainer:
             )
         with clock.section("data"):
             batches = self._micro_batches(step)
+            # Counted once, on the CPU copies: no device sync per micro-batch in the loop below.
+            micro_valid = [valid_tokens(t) for _, t in batches]
         with clock.section("comm"):
-            tokens = all_reduce_token_counts(
-                sum(valid_tokens(t) for _, t in batches), self.positions, device, stop
-            )
+            tokens = all_reduce_token_counts(sum(micro_valid), self.positions, device, stop)
         lr = self.engine.lr
         if tokens.stop:
             return replace(self._result(step, None, tokens, None, lr, clock.stop()), stopped=True)
@@ -133,7 +133,7 @@ class Trainer:
                         micro_sum,
                         tokens,
                         self.engine.grad_divisor,
-                        micro_valid=valid_tokens(targets),
+                        micro_valid=micro_valid[m],
                         grad_accum=self.split.grad_accum,
                         broken_normalization=broken,
                     )
