@@ -16,6 +16,7 @@ from launcher.config.store import register_configs
 from launcher.errors import LauncherError
 from launcher.exit_codes import CONFIG_ERROR
 from launcher.logs import get_logger, setup_logging
+from launcher.rundir import HYDRA_DIR
 from launcher.sweep import job as sweep_job
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -60,7 +61,7 @@ COMMANDS = ("train", "plan")
 
 def _discard_empty_run_dir(run_dir: Path) -> None:
     """After a config error, leave no run directory behind that holds only Hydra's own files."""
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra"}:
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {HYDRA_DIR}:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

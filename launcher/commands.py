@@ -8,25 +8,29 @@ from pathlib import Path
 
 import torch
 
-from launcher.checkpoint_files import check_resume, start_fresh
+from launcher.checkpoint.files import check_resume, start_fresh
 from launcher.config.engine import EngineName
 from launcher.config.load import to_plain, to_yaml
 from launcher.config.root import RootConfig
 from launcher.config.train import Precision
 from launcher.data import build_dataset
-from launcher.engines.ds_config import DS_CONFIG_FILE, ds_config_json
+from launcher.engines.ds_config import ds_config_json
 from launcher.errors import ConfigError
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.plan import Plan, build_plan, local_cpu_count, runner_kind
+from launcher.rundir import (
+    CONFIG_FILE,
+    DS_CONFIG_FILE,
+    HYDRA_DIR,
+    PLAN_FILE,
+    SBATCH_FILE,
+    STARTED_MARKS,
+)
 from launcher.secrets import REDACTED, changed_keys, redact_tree, redactor_for
-from launcher.wandb_run import check_wandb
+from launcher.tracking.wandb_run import check_wandb
 
 log = get_logger("launch")
-
-CONFIG_FILE = "config.yaml"
-PLAN_FILE = "plan.json"
-HYDRA_DIR = ".hydra"
 
 
 def check_environment(cfg: RootConfig) -> RootConfig:
@@ -80,7 +84,7 @@ def command_for(cfg: RootConfig, run_dir: Path) -> list[str]:
 def refuse_started_run(run_dir: Path) -> None:
     """A dry run never touches a run that has trained: its config.yaml is what a resumed or
     requeued job reads."""
-    started = [name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
+    started = [name for name in STARTED_MARKS if (run_dir / name).exists()]
     if started:
         raise ConfigError(
             "hydra.run.dir",
@@ -107,7 +111,7 @@ def prepare_run(cfg: RootConfig, run_dir: Path, dry_run: bool = False) -> tuple[
     if ds_config is not None:
         plan.files.append(DS_CONFIG_FILE)
     if plan.runner == "slurm":
-        plan.files.append("train.sbatch")  # rendered and checked by command_for above
+        plan.files.append(SBATCH_FILE)  # rendered and checked by command_for above
     run_dir.mkdir(parents=True, exist_ok=True)
     # Credentials from the environment or typed into the config never reach the run directory.
     plain = to_plain(cfg)
@@ -138,9 +142,7 @@ def plan_command(cfg: RootConfig, run_dir: Path) -> Plan:
         ds_config = (run_dir / DS_CONFIG_FILE).read_text(encoding="utf-8")
         log.info(f"{DS_CONFIG_FILE}:\n{ds_config.rstrip()}")
     if plan.runner == "slurm":  # the script `launch train` would submit, byte for byte
-        log.info(
-            "train.sbatch:\n" + (run_dir / "train.sbatch").read_text(encoding="utf-8").rstrip()
-        )
+        log.info(f"{SBATCH_FILE}:\n" + (run_dir / SBATCH_FILE).read_text(encoding="utf-8").rstrip())
     written = ", ".join(str(run_dir / name) for name in (CONFIG_FILE, PLAN_FILE, *plan.files))
     log.info(f"wrote {written}; nothing was started.")
     return plan

@@ -12,8 +12,8 @@ from launcher.config.cluster import ClusterKind
 from launcher.config.root import RootConfig
 from launcher.config.train import Precision
 from launcher.engines.state_memory import state_bytes_per_rank
-from launcher.memory_estimate import estimate_all
 from launcher.models import GPT
+from launcher.recompute.estimate import estimate_all
 
 BYTES_PER_ELEMENT = {Precision.fp32: 4, Precision.bf16: 2, Precision.fp16: 2}
 

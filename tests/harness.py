@@ -14,10 +14,10 @@ from launcher.config import to_root_config
 from launcher.config.root import RootConfig
 from launcher.data import build_dataset
 from launcher.data.sequence import TokenDataset
+from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.engines import build_engine
-from launcher.tracking import Tracker
-from launcher.worker.distributed import DistContext, init_distributed, teardown_distributed
-from launcher.worker.loop import Trainer
+from launcher.tracking.tracker import Tracker
+from launcher.training.loop import Trainer
 from launcher.worker.run import build_model
 
 SMALL_MODEL = {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 24, "dropout": 0.0}

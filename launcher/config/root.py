@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.batch import BatchSplit, resolve_batch
 from launcher.config.ac import AcConfig
 from launcher.config.cluster import ClusterConfig, ClusterKind
 from launcher.config.data import DataConfig
@@ -14,6 +13,7 @@ from launcher.config.parallel import BatchConfig, ParallelConfig
 from launcher.config.train import CheckpointConfig, DebugConfig, OptimConfig, TrainConfig
 from launcher.config.wandb import WandbConfig
 from launcher.errors import ConfigError
+from launcher.training.batch import BatchSplit, resolve_batch
 
 
 @dataclass

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from launcher.config.root import RootConfig
+    from launcher.distributed import DistContext
     from launcher.engines.base import Engine
-    from launcher.worker.distributed import DistContext
 
 
 def build_engine(cfg: RootConfig, model: nn.Module, ctx: DistContext) -> Engine:

@@ -70,7 +70,7 @@ class Engine(ABC):
     def dcp_state(self) -> dict[str, Any]:
         """The training state as DCP Stateful objects: model and optimizer (through DCP's
         state_dict helpers, which understand DDP and FSDP wrappers), scheduler, loss scaler."""
-        from launcher.dcp import ModelAndOptimizer
+        from launcher.checkpoint.dcp import ModelAndOptimizer
 
         return {
             "model_optim": ModelAndOptimizer(self.model, self.optimizer),
@@ -83,14 +83,14 @@ class Engine(ABC):
 
         client_state (step, totals) is also in the checkpoint's meta.json; engines may ignore it.
         """
-        from launcher import dcp
+        from launcher.checkpoint import dcp
 
         del client_state
         dcp.save(directory, self.dcp_state())
 
     def load_checkpoint(self, directory: Path) -> dict[str, Any]:
         """Collective: restore what save_checkpoint wrote (resharding where the format can)."""
-        from launcher import dcp
+        from launcher.checkpoint import dcp
 
         dcp.load(directory, self.dcp_state())
         return {}

@@ -11,9 +11,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launcher.config.root import RootConfig
 from launcher.config.train import Precision
+from launcher.distributed import DistContext
 from launcher.engines.base import TorchOptimizerEngine
-from launcher.optim import build_optimizer, build_scheduler
-from launcher.worker.distributed import DistContext
+from launcher.training.optim import build_optimizer, build_scheduler
 
 
 class DDPEngine(TorchOptimizerEngine):

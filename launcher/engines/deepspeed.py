@@ -29,10 +29,10 @@ import torch
 from torch import nn
 
 from launcher.config.root import RootConfig
+from launcher.distributed import DistContext
 from launcher.engines.base import Engine
 from launcher.engines.ds_config import build_ds_config
-from launcher.optim import build_optimizer, build_scheduler
-from launcher.worker.distributed import DistContext
+from launcher.training.optim import build_optimizer, build_scheduler
 
 CHECKPOINT_TAG = "deepspeed"
 

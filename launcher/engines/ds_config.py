@@ -17,8 +17,6 @@ from launcher.config.root import RootConfig
 from launcher.config.train import Precision
 from launcher.errors import ConfigError
 
-DS_CONFIG_FILE = "ds_config.json"
-
 # Derived ds_config paths and the config key each one comes from.
 DERIVED_FROM = {
     "train_batch_size": "batch.global_size",

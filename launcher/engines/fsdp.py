@@ -22,9 +22,9 @@ from torch.distributed.tensor import DTensor
 
 from launcher.config.root import RootConfig
 from launcher.config.train import Precision
+from launcher.distributed import DistContext
 from launcher.engines.base import TorchOptimizerEngine
-from launcher.optim import build_optimizer, build_scheduler
-from launcher.worker.distributed import DistContext
+from launcher.training.optim import build_optimizer, build_scheduler
 
 PARAM_DTYPE = {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 

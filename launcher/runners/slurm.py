@@ -19,24 +19,18 @@ from launcher.config.root import RootConfig
 from launcher.errors import ConfigError, EnvironmentProblem
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
+from launcher.rundir import SBATCH_FILE, STOPPED_FILE, slurm_logs
 from launcher.secrets import redactor_for
-from launcher.worker.stop import STOPPED_FILE
 
 log = get_logger("slurm")
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "train.sbatch"
-SBATCH_FILE = "train.sbatch"
 DEFAULT_PORT = "$(( 29500 + SLURM_JOB_ID % 1000 ))"
 """cluster.port=null: a port per job, so that two jobs sharing a first node do not collide."""
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 # sbatch reads #SBATCH values itself: no blanks, quotes, '#', '\\', or '%' (its filename patterns).
 _UNSAFE_PATH = re.compile(r"[\s'\"\\#%\x00-\x1f\x7f]")
-
-
-def log_paths(run_dir: Path, job_id: str = "%j") -> tuple[Path, Path]:
-    """The job's stdout and stderr files (sbatch fills in %j)."""
-    return run_dir / f"slurm-{job_id}.out", run_dir / f"slurm-{job_id}.err"
 
 
 def check_slurm(cfg: RootConfig, run_dir: Path) -> None:
@@ -65,7 +59,7 @@ def check_slurm(cfg: RootConfig, run_dir: Path) -> None:
 
 def _directives(cfg: RootConfig, run_dir: Path) -> list[str]:
     cluster = cfg.cluster
-    out, err = log_paths(run_dir)
+    out, err = slurm_logs(run_dir)
     options: list[str | None] = [
         f"--job-name={cluster.job_name}",
         f"--nodes={cfg.parallel.nodes}",
@@ -164,7 +158,7 @@ def submit(cfg: RootConfig, run_dir: Path) -> int:
         proc.wait()
         words = proc.stderr.read().strip() or f"exit status {proc.returncode}"
         raise EnvironmentProblem(f"sbatch refused the job: {words}")
-    out, err = log_paths(run_dir.resolve(), job_id)
+    out, err = slurm_logs(run_dir.resolve(), job_id)
     log.info(f"submitted SLURM job {job_id}; log: {out} (stderr: {err.name})")
     if not cfg.cluster.wait:
         proc.wait()

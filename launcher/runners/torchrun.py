@@ -12,7 +12,8 @@ from launcher.config.root import RootConfig
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.plan import local_cpu_count
-from launcher.worker.stop import clear_stopped, forward_stop_signals, read_stopped
+from launcher.rundir import clear_rank_errors, clear_stopped, rank_error_files, read_stopped
+from launcher.runners.signals import forward_stop_signals
 
 log = get_logger("torchrun")
 
@@ -56,8 +57,7 @@ def rank_environment(cfg: RootConfig) -> dict[str, str]:
 
 
 def report_failed_ranks(run_dir: Path) -> None:
-    for path in sorted(run_dir.glob("error_rank*.txt")):
-        rank = path.stem.removeprefix("error_rank")
+    for rank, path in rank_error_files(run_dir):
         lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
         last = lines[-1] if lines else "(no message)"
         log.error(f"rank {rank} failed: {last}  (traceback: {path})")
@@ -65,8 +65,7 @@ def report_failed_ranks(run_dir: Path) -> None:
 
 def run_torchrun(cfg: RootConfig, config_path: Path) -> int:
     run_dir = config_path.parent
-    for stale in run_dir.glob("error_rank*.txt"):
-        stale.unlink()
+    clear_rank_errors(run_dir)
     clear_stopped(run_dir)
     argv = torchrun_argv(cfg, config_path)
     # A session of its own: a stop signal for `launch` reaches each rank once, through the

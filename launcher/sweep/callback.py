@@ -21,7 +21,7 @@ class SweepSummaryCallback(Callback):
         self.check = Check(tolerance, steps)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from launcher.sweep.summary import write_summary
+        from launcher.sweep.report import write_summary
 
         setup_logging(0)
         sweep_dir = Path(str(config.hydra.sweep.dir))

@@ -44,13 +44,14 @@ def summary_main(argv: list[str]) -> int:
     if args.tolerance <= 0 or args.steps < 0:
         parser.error("--tolerance must be positive and --steps non-negative")
     setup_logging(0)
-    from launcher.sweep.summary import MD_FILE, write_summary
+    from launcher.rundir import SWEEP_MD
+    from launcher.sweep.report import write_summary
 
     try:
         result = write_summary(args.sweep_dir, Check(args.tolerance, args.steps))
     except LauncherError as exc:
         log.error(str(exc))
         return exc.exit_code
-    print((args.sweep_dir / MD_FILE).read_text(encoding="utf-8"), end="")
+    print((args.sweep_dir / SWEEP_MD).read_text(encoding="utf-8"), end="")
     log.info(f"wrote {args.sweep_dir}/sweep_summary.md, .csv and .png")
     return 0 if result.passed else 1

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from launcher.config.root import RootConfig
 from launcher.logs import get_logger
+from launcher.rundir import ERROR_FILE, HYDRA_DIR, MULTIRUN_FILE, rank_error_files
 from launcher.secrets import redact, redact_file, redact_tree
 
 log = get_logger("sweep")
 
-ERROR_FILE = "error.txt"
 """In a point's run directory: why the point failed (first line: the reason in one line)."""
 
 
@@ -47,8 +47,8 @@ def start_point(cfg: RootConfig, run_dir: Path, sweep_dir: Path) -> RootConfig:
 def scrub_secrets(run_dir: Path, sweep_dir: Path) -> None:
     """Hydra writes a point's overrides (and any credential typed into them) to its .hydra/ and to
     the sweep's multirun.yaml before the point runs, whether or not its config is valid."""
-    redact_tree(run_dir / ".hydra")
-    redact_file(sweep_dir / "multirun.yaml")
+    redact_tree(run_dir / HYDRA_DIR)
+    redact_file(sweep_dir / MULTIRUN_FILE)
 
 
 def record_failure(run_dir: Path, reason: str, details: str = "") -> None:
@@ -83,11 +83,11 @@ def record_exit(run_dir: Path, code: int) -> bool:
         return True
     reason = f"the job failed with exit status {code}"
     details = []
-    for path in sorted(run_dir.glob("error_rank*.txt")):
+    for rank, path in rank_error_files(run_dir):
         text = path.read_text(encoding="utf-8", errors="replace")
         lines = [ln for ln in text.splitlines() if ln.strip()]
         if lines:
-            details.append(f"rank {path.stem.removeprefix('error_rank')}: {lines[-1]}")
+            details.append(f"rank {rank}: {lines[-1]}")
     if details:
         reason += " (" + "; ".join(details[:2]) + ("; ..." if len(details) > 2 else "") + ")"
     record_failure(run_dir, reason)

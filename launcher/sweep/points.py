@@ -11,15 +11,23 @@ from typing import Any
 
 import yaml
 
-from launcher.sweep.job import ERROR_FILE
+from launcher.rundir import (
+    CONFIG_FILE,
+    ERROR_FILE,
+    HYDRA_DIR,
+    METRICS_FILE,
+    PLAN_FILE,
+    STOPPED_FILE,
+    SUMMARY_FILE,
+)
 
 CONFIG, PLAN, SUMMARY, METRICS, STOPPED, OVERRIDES = (
-    "config.yaml",
-    "plan.json",
-    "summary.json",
-    "metrics.jsonl",
-    "stopped.json",  # written by a run stopped on a signal (launcher.worker.stop)
-    ".hydra/overrides.yaml",
+    CONFIG_FILE,
+    PLAN_FILE,
+    SUMMARY_FILE,
+    METRICS_FILE,
+    STOPPED_FILE,  # written by a run stopped on a signal
+    f"{HYDRA_DIR}/overrides.yaml",
 )
 
 
@@ -161,7 +169,7 @@ def _job_order(path: Path, name: str) -> tuple[int, float, str]:
     """Hydra's job number (the order points ran in), from the name or .hydra/hydra.yaml."""
     if name.isdigit():
         return (0, int(name), name)
-    hydra = _read_yaml(path / ".hydra" / "hydra.yaml")
+    hydra = _read_yaml(path / HYDRA_DIR / "hydra.yaml")
     try:
         return (0, int(hydra["hydra"]["job"]["num"]), name)
     except (TypeError, KeyError, ValueError):

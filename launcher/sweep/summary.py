@@ -13,8 +13,6 @@ from launcher.errors import LauncherError
 from launcher.sweep.compare import Check, Comparison, Verdict, compare_points
 from launcher.sweep.points import Point, Status, find_points
 
-CSV_FILE, MD_FILE, PNG_FILE = "sweep_summary.csv", "sweep_summary.md", "sweep_summary.png"
-
 COLUMNS = (
     "point",
     "status",
@@ -180,15 +178,3 @@ def summarize(sweep_dir: Path, check: Check | None = None) -> SweepSummary:
     labels = _labels(points)
     rows = [_row(p, c, label) for p, c, label in zip(points, comparisons, labels, strict=True)]
     return SweepSummary(sweep_dir, check, points, comparisons, rows)
-
-
-def write_summary(sweep_dir: Path, check: Check | None = None) -> SweepSummary:
-    """Write sweep_summary.csv, sweep_summary.md and sweep_summary.png into the sweep directory."""
-    from launcher.sweep.plot import plot_summary
-    from launcher.sweep.table import render_markdown, write_csv
-
-    result = summarize(sweep_dir, check)
-    write_csv(result.rows, COLUMNS, sweep_dir / CSV_FILE)
-    (sweep_dir / MD_FILE).write_text(render_markdown(result), encoding="utf-8")
-    plot_summary(result, sweep_dir / PNG_FILE)
-    return result

@@ -12,29 +12,28 @@ import numpy as np
 import torch
 from torch import nn
 
-from launcher.checkpoint import Checkpointer
+from launcher.checkpoint.checkpointer import Checkpointer
 from launcher.config.root import RootConfig
 from launcher.data import build_dataset
-from launcher.engines import build_engine
-from launcher.exit_codes import STOPPED_RESUMABLE
-from launcher.logs import get_logger, setup_logging
-from launcher.memory import activation_report
-from launcher.models import GPT
-from launcher.recompute import apply_recompute
-from launcher.secrets import redact
-from launcher.tracking import peak_memory_bytes, start_tracking
-from launcher.worker.distributed import (
+from launcher.distributed import (
     DistContext,
     check_world_size,
     init_distributed,
     teardown_distributed,
 )
+from launcher.engines import build_engine
+from launcher.exit_codes import STOPPED_RESUMABLE
+from launcher.logs import get_logger, setup_logging
+from launcher.models import GPT
+from launcher.recompute.measure import activation_report
+from launcher.recompute.policies import apply_recompute
+from launcher.rundir import clear_stopped, rank_error_file, read_stopped
+from launcher.secrets import redact
+from launcher.tracking.tracker import peak_memory_bytes, start_tracking
+from launcher.training.loop import Trainer
 from launcher.worker.evaluate import exact_match
-from launcher.worker.loop import Trainer
 from launcher.worker.stop import (
     StopFlag,
-    clear_stopped,
-    read_stopped,
     requeued_by_slurm,
     restart_attempt,
     stop_on_signals,
@@ -160,7 +159,7 @@ def run_worker(cfg: RootConfig, run_dir: Path) -> dict[str, Any]:
         except BaseException:
             if ctx.world_size > 1:
                 # Leave the rank's error where the launcher can name it.
-                (run_dir / f"error_rank{ctx.rank}.txt").write_text(redact(traceback.format_exc()))
+                rank_error_file(run_dir, ctx.rank).write_text(redact(traceback.format_exc()))
             raise
         finally:
             teardown_distributed()

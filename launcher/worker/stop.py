@@ -9,30 +9,24 @@ kernel ends the process even while it is blocked in a collective or a write. SIG
 usual "time is nearly up" warning) only asks; a SIGTERM after it still counts as the first.
 
 `launch` itself runs the ranks under torchrun in a session of their own and forwards the signals
-it receives to the ranks (`forward_stop_signals`), so each rank gets each signal once.
+it receives to the ranks (launcher/runners/signals.py), so each rank gets each signal once.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from pathlib import Path
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
-
-import psutil
 
 from launcher.logs import get_logger
 
 log = get_logger("stop")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-STOPPED_FILE = "stopped.json"
-"""Written by rank 0 after a graceful stop: the step and the checkpoint to resume from."""
 
 
 class StopFlag:
@@ -62,7 +56,7 @@ class StopFlag:
 
 
 @contextmanager
-def _handling(signals: tuple[signal.Signals, ...], handler: Any) -> Iterator[None]:
+def handling_signals(signals: tuple[signal.Signals, ...], handler: Any) -> Iterator[None]:
     """Install `handler` for `signals` (main thread only: Python delivers signals there) and
     restore the previous handlers afterwards."""
     if threading.current_thread() is not threading.main_thread():
@@ -82,30 +76,8 @@ def _handling(signals: tuple[signal.Signals, ...], handler: Any) -> Iterator[Non
 def stop_on_signals() -> Iterator[StopFlag]:
     """The stop handlers of one rank, for the duration of its run."""
     flag = StopFlag()
-    with _handling(STOP_SIGNALS, flag._handle):
+    with handling_signals(STOP_SIGNALS, flag._handle):
         yield flag
-
-
-# --- the stopped marker: how `launch` and restarted ranks learn that a stop was deliberate -------
-
-
-def write_stopped(run_dir: Path, step: int, checkpoint: Path | None, reason: str | None) -> None:
-    info = {"step": step, "checkpoint": str(checkpoint) if checkpoint else None, "signal": reason}
-    tmp = run_dir / (STOPPED_FILE + ".tmp")
-    tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(run_dir / STOPPED_FILE)
-
-
-def read_stopped(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        info = json.loads((run_dir / STOPPED_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
-
-
-def clear_stopped(run_dir: Path) -> None:
-    (run_dir / STOPPED_FILE).unlink(missing_ok=True)
 
 
 def restart_attempt() -> int:
@@ -116,59 +88,3 @@ def restart_attempt() -> int:
 def requeued_by_slurm() -> bool:
     """A SLURM job running again after a requeue: it continues the run, whatever train.resume says."""
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
-
-
-# --- in `launch`: forward stop signals to the ranks under torchrun -------------------------------
-
-
-class SignalForwarder:
-    """Relays SIGTERM/SIGUSR1 from `launch` to the rank processes (torchrun's children).
-
-    Not to torchrun itself: torchrun would kill the ranks after 30 s, and it dies on SIGUSR1.
-    A second SIGTERM also ends torchrun, so it does not restart ranks that were killed on purpose.
-    """
-
-    def __init__(self, torchrun_pid: int) -> None:
-        self.torchrun_pid = torchrun_pid
-        self.terms = 0
-
-    def _ranks(self) -> list[psutil.Process]:
-        try:
-            return psutil.Process(self.torchrun_pid).children(recursive=False)
-        except psutil.NoSuchProcess:
-            return []
-
-    def _send(self, pid: int, sig: int) -> None:
-        with suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        del frame
-        if signum == signal.SIGHUP:
-            signum = signal.SIGTERM
-        if signum == signal.SIGTERM:
-            self.terms += 1
-        ranks = self._ranks()
-        if self.terms >= 2 or not ranks:
-            # Stop at once (or no rank is running yet). The ranks' second SIGTERM has its default
-            # action; torchrun is ended too, so it restarts nothing.
-            log.warning("stopping at once.")
-            for proc in ranks:
-                self._send(proc.pid, signal.SIGTERM)
-            self._send(self.torchrun_pid, signal.SIGTERM)
-            return
-        log.warning(
-            f"{signal.Signals(signum).name}: asking the {len(ranks)} rank(s) to stop after the current "
-            "step and save a checkpoint (send SIGTERM again to stop at once)."
-        )
-        for proc in ranks:
-            self._send(proc.pid, signum)
-
-
-@contextmanager
-def forward_stop_signals(torchrun_pid: int) -> Iterator[SignalForwarder]:
-    """In `launch`, while torchrun runs: relay stop signals to the ranks. A hang-up (the terminal
-    closed) is relayed as SIGTERM, since torchrun runs in its own session and would not see it."""
-    forwarder = SignalForwarder(torchrun_pid)
-    with _handling((*STOP_SIGNALS, signal.SIGHUP), forwarder._handle):
-        yield forwarder

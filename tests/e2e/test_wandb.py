@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from launcher.tracking import METRIC_KEYS
+from launcher.tracking.tracker import METRIC_KEYS
 from tests.helpers import FAST, read_metrics, read_summary, run_launch
 
 pytestmark = pytest.mark.e2e

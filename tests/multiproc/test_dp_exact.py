@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-import launcher.worker.loop as loop_module
+import launcher.training.loop as loop_module
 from launcher.data import build_dataset
 from launcher.data.sequence import IGNORE_INDEX, Sample
 from tests.harness import (

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.batch import BatchSplit, resolve_batch
 from launcher.errors import ConfigError
+from launcher.training.batch import BatchSplit, resolve_batch
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.checkpoint import Checkpointer
-from launcher.checkpoint_files import (
+from launcher.checkpoint.checkpointer import Checkpointer
+from launcher.checkpoint.dcp import SafeReader
+from launcher.checkpoint.files import (
     MARKER,
     check_compatible,
     check_resume,
@@ -23,11 +24,10 @@ from launcher.checkpoint_files import (
     start_fresh,
 )
 from launcher.config.root import RootConfig
-from launcher.dcp import SafeReader
+from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.errors import ConfigError
-from launcher.loss import all_reduce_token_counts
-from launcher.worker.distributed import DistContext, init_distributed, teardown_distributed
-from launcher.worker.loop import Trainer
+from launcher.training.loop import Trainer
+from launcher.training.loss import all_reduce_token_counts
 from tests.harness import build_trainer, make_config
 
 
@@ -240,7 +240,7 @@ def test_settings_the_loaded_state_would_override_are_refused(
     tmp_path: Path, section: str, values: dict, key: str
 ) -> None:
     """The optimizer and scheduler states carry lr, betas and the schedule: a change would be lost."""
-    from launcher.checkpoint_files import check_compatible, fingerprint
+    from launcher.checkpoint.files import check_compatible, fingerprint
     from launcher.config import to_root_config
     from launcher.errors import ConfigError
 
@@ -254,7 +254,7 @@ def test_settings_the_loaded_state_would_override_are_refused(
 
 
 def test_a_longer_run_may_resume_with_a_warning(tmp_path: Path) -> None:
-    from launcher.checkpoint_files import check_compatible, fingerprint
+    from launcher.checkpoint.files import check_compatible, fingerprint
     from launcher.config import to_root_config
 
     saved = {"fingerprint": fingerprint(to_root_config({"train": {"steps": 3}})), "engine": "ddp"}

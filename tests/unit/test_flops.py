@@ -8,7 +8,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from launcher.config.model import ModelConfig
-from launcher.flops import (
+from launcher.models import GPT
+from launcher.tracking.flops import (
     MfuMeter,
     flops_per_token,
     hardware_utilisation,
@@ -18,7 +19,6 @@ from launcher.flops import (
     resolve_peak,
     utilisation,
 )
-from launcher.models import GPT
 
 SHAPE = ModelConfig(n_layer=2, n_head=2, d_model=64, seq_len=64)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from launcher.data import build_dataset
-from launcher.loss import StepTokens, micro_loss
+from launcher.training.loss import StepTokens, micro_loss
 from tests.harness import make_config, one_step_gradient, relative_error
 
 TOLERANCE = 1e-5

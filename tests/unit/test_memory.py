@@ -10,7 +10,8 @@ from torch import nn
 from launcher.config.ac import AcConfig, AcPolicy
 from launcher.config.load import to_root_config
 from launcher.config.model import ModelConfig
-from launcher.memory import (
+from launcher.models import GPT
+from launcher.recompute.measure import (
     ActivationTracker,
     MicroBatchCost,
     activation_report,
@@ -19,8 +20,7 @@ from launcher.memory import (
     measure_activations,
     measure_micro_batch,
 )
-from launcher.models import GPT
-from launcher.recompute import apply_recompute, build_runner
+from launcher.recompute.policies import apply_recompute, build_runner
 
 BATCH, SEQ, WIDTH = 4, 24, 64
 BLOCK_INPUT_BYTES = BATCH * SEQ * WIDTH * 4  # one fp32 residual-stream tensor

@@ -8,11 +8,11 @@ import torch
 from launcher.config.ac import AcPolicy
 from launcher.config.load import to_root_config
 from launcher.config.root import RootConfig
-from launcher.memory import measure_micro_batch
-from launcher.memory_estimate import estimate_activations
 from launcher.models import GPT
 from launcher.plan import build_plan
-from launcher.recompute import build_runner
+from launcher.recompute.estimate import estimate_activations
+from launcher.recompute.measure import measure_micro_batch
+from launcher.recompute.policies import build_runner
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -13,9 +13,8 @@ from torch import nn
 
 from launcher.config.ac import AcConfig, AcPolicy
 from launcher.config.model import ModelConfig
-from launcher.loss import token_loss_sum
 from launcher.models import GPT
-from launcher.recompute import (
+from launcher.recompute.policies import (
     Segment,
     SegmentMode,
     apply_recompute,
@@ -23,6 +22,7 @@ from launcher.recompute import (
     plan_segments,
     sqrt_segment_size,
 )
+from launcher.training.loss import token_loss_sum
 
 POLICIES = list(AcPolicy)
 
@@ -197,7 +197,7 @@ class _Records(logging.Handler):
 
 
 def test_offload_on_cpu_is_a_notice_logged_once() -> None:
-    from launcher import recompute
+    from launcher.recompute import policies as recompute
 
     recompute._offload_notice.cache_clear()
     logger = logging.getLogger("launcher.recompute")

@@ -14,7 +14,8 @@ from launcher.config.load import to_yaml
 from launcher.errors import LauncherError
 from launcher.sweep.compare import Check, Verdict, compare_points, max_rel_diff
 from launcher.sweep.points import Status, find_points, read_point
-from launcher.sweep.summary import summarize, write_summary
+from launcher.sweep.report import write_summary
+from launcher.sweep.summary import summarize
 
 CURVE = [5.5, 5.25, 5.0, 4.75]
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.flops import MfuMeter
-from launcher.tracking import METRIC_KEYS, METRICS_FILE, SUMMARY_FILE, Progress, Tracker
+from launcher.rundir import METRICS_FILE, SUMMARY_FILE
+from launcher.tracking.flops import MfuMeter
+from launcher.tracking.tracker import METRIC_KEYS, Progress, Tracker
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 CONTROL = re.compile(r"[\r\x1b\x08]")

@@ -10,7 +10,7 @@ import pytest
 from launcher.config import to_root_config
 from launcher.config.wandb import WandbMode
 from launcher.errors import ConfigError
-from launcher.wandb_run import check_wandb, has_credentials, run_id
+from launcher.tracking.wandb_run import check_wandb, has_credentials, run_id
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import pytest
 def test_world_size_must_match_the_config() -> None:
     import torch
 
+    from launcher.distributed import DistContext, check_world_size
     from launcher.errors import ConfigError
-    from launcher.worker.distributed import DistContext, check_world_size
 
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     check_world_size(ctx, dp=1, nodes=1)

@@ -10,22 +10,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.batch import BatchSplit
 from launcher.config.root import RootConfig
 from launcher.data.sampler import GlobalBatchSampler
 from launcher.data.sequence import TokenDataset, collate
+from launcher.distributed import DistContext
 from launcher.engines.base import Engine
 from launcher.logs import get_logger
-from launcher.loss import (
+from launcher.tracking.tracker import Tracker
+from launcher.training.batch import BatchSplit
+from launcher.training.loss import (
     StepTokens,
     all_reduce_token_counts,
     micro_loss,
     token_loss_sum,
     valid_tokens,
 )
-from launcher.steptime import StepClock, StepTimes
-from launcher.tracking import Tracker
-from launcher.worker.distributed import DistContext
+from launcher.training.steptime import StepClock, StepTimes
 from launcher.worker.stop import StopFlag
 
 log = get_logger("loop")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from launcher.config.ac import AcPolicy
 from launcher.config.root import RootConfig
 from launcher.config.train import Precision
-from launcher.recompute import Segment, SegmentMode, plan_segments
+from launcher.recompute.policies import Segment, SegmentMode, plan_segments
 
 FP32 = 4
 

@@ -25,12 +25,11 @@ from launcher.config.wandb import WandbMode
 from launcher.errors import ConfigError
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
+from launcher.rundir import WANDB_DIR, WANDB_RUN_ID_FILE
 from launcher.secrets import redact
 
 log = get_logger("wandb")
 
-WANDB_DIR = "wandb"
-RUN_ID_FILE = "run_id.txt"
 DEFAULT_HOST = "https://api.wandb.ai"
 
 _NO_WANDB_FIX = (
@@ -99,7 +98,7 @@ def check_wandb(cfg: RootConfig) -> RootConfig:
 
 def run_id(run_dir: Path) -> str:
     """The run directory's wandb run id: read when present, else created and stored."""
-    path = run_dir / WANDB_DIR / RUN_ID_FILE
+    path = run_dir / WANDB_DIR / WANDB_RUN_ID_FILE
     if path.is_file():
         stored = path.read_text(encoding="utf-8").strip()
         if stored:

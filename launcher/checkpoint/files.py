@@ -26,11 +26,10 @@ from launcher.config.engine import EngineName
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.logs import get_logger
-from launcher.tracking import METRICS_FILE, SUMMARY_FILE
+from launcher.rundir import CHECKPOINTS_DIR, METRICS_FILE, SUMMARY_FILE
 
 log = get_logger("checkpoint")
 
-CHECKPOINTS = "checkpoints"
 STEP_PREFIX = "step_"
 TMP_PREFIX = ".tmp_step_"
 OLD_PREFIX = ".old_step_"
@@ -41,7 +40,7 @@ RNG_DIR = "rng"
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
-    return run_dir / CHECKPOINTS
+    return run_dir / CHECKPOINTS_DIR
 
 
 # --- what must not change on resume --------------------------------------------------------------

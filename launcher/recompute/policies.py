@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 from launcher.config.ac import AcConfig, AcPolicy
 from launcher.logs import get_logger
-from launcher.recompute_selective import selective_contexts
+from launcher.recompute.selective import selective_contexts
 
 log = get_logger("recompute")
 

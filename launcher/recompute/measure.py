@@ -25,9 +25,9 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from launcher.config.ac import AcConfig, AcPolicy
 from launcher.config.root import RootConfig
 from launcher.config.train import Precision
-from launcher.loss import token_loss_sum
 from launcher.models import GPT
-from launcher.recompute import build_runner
+from launcher.recompute.policies import build_runner
+from launcher.training.loss import token_loss_sum
 
 aten = torch.ops.aten
 

@@ -14,24 +14,23 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
-from launcher.flops import (
+from launcher.logs import get_logger
+from launcher.rundir import METRICS_FILE, SUMMARY_FILE
+from launcher.tracking.flops import (
     MfuMeter,
     device_name,
     hardware_utilisation,
     model_flops_per_token,
     resolve_peak,
 )
-from launcher.logs import get_logger
 
 if TYPE_CHECKING:
     from launcher.config.root import RootConfig
-    from launcher.wandb_run import WandbRun
-    from launcher.worker.distributed import DistContext
+    from launcher.distributed import DistContext
+    from launcher.tracking.wandb_run import WandbRun
 
 log = get_logger("tracking")
 
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
 
 METRIC_KEYS = (
     "step",
@@ -262,7 +261,7 @@ def start_tracking(
     cfg: RootConfig, run_dir: Path, ctx: DistContext, stream: TextIO | None = None
 ) -> Tracker:
     """The Tracker of one rank: MFU against the device's peak, wandb started on rank 0."""
-    from launcher.wandb_run import WandbRun
+    from launcher.tracking.wandb_run import WandbRun
 
     split = cfg.split()
     positions = split.global_size * cfg.model.seq_len

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from launcher.checkpoint_files import (
+from launcher.checkpoint.files import (
     ENGINE_DIR,
     MARKER,
     META,
@@ -46,12 +46,12 @@ from launcher.config.root import RootConfig
 from launcher.errors import LauncherError
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
-from launcher.tracking import RunTotals
-from launcher.worker.stop import write_stopped
+from launcher.rundir import write_stopped
+from launcher.tracking.tracker import RunTotals
 
 if TYPE_CHECKING:
-    from launcher.worker.distributed import DistContext
-    from launcher.worker.loop import Trainer
+    from launcher.distributed import DistContext
+    from launcher.training.loop import Trainer
 
 log = get_logger("checkpoint")
 

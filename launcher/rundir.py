@@ -1,0 +1,88 @@
+"""The name of every file in a run directory, in one place, and the small readers of the markers.
+
+<run dir>/
+    config.yaml          the resolved config (credentials redacted); every rank reads it
+    plan.json            the plan `launch plan` printed
+    ds_config.json       engine=deepspeed: the generated DeepSpeed config
+    train.sbatch         cluster=slurm: the rendered batch script
+    slurm-<job>.out/.err cluster=slurm: the job's output
+    metrics.jsonl        one line per optimizer step (appended across resumes)
+    summary.json         the run's end
+    stopped.json         a graceful stop: the step and checkpoint to resume from
+    error_rank<r>.txt    a failed rank's traceback (several ranks)
+    error.txt            a failed sweep point's error
+    checkpoints/         training-state checkpoints (launcher/checkpoint/files.py)
+    wandb/               wandb's files; wandb/run_id.txt keeps the run id across resumes
+    .hydra/              Hydra's copies of the config and overrides
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE = "config.yaml"
+PLAN_FILE = "plan.json"
+DS_CONFIG_FILE = "ds_config.json"
+SBATCH_FILE = "train.sbatch"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+STOPPED_FILE = "stopped.json"
+ERROR_FILE = "error.txt"
+CHECKPOINTS_DIR = "checkpoints"
+WANDB_DIR = "wandb"
+WANDB_RUN_ID_FILE = "run_id.txt"
+HYDRA_DIR = ".hydra"
+MULTIRUN_FILE = "multirun.yaml"
+SWEEP_CSV, SWEEP_MD, SWEEP_PNG = "sweep_summary.csv", "sweep_summary.md", "sweep_summary.png"
+
+_RANK_ERROR_PREFIX = "error_rank"
+
+STARTED_MARKS = (METRICS_FILE, CHECKPOINTS_DIR)
+"""Files whose presence means a run has started training in the directory."""
+
+
+def slurm_logs(run_dir: Path, job_id: str = "%j") -> tuple[Path, Path]:
+    """A SLURM job's stdout and stderr files (sbatch fills in %j)."""
+    return run_dir / f"slurm-{job_id}.out", run_dir / f"slurm-{job_id}.err"
+
+
+def rank_error_file(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"{_RANK_ERROR_PREFIX}{rank}.txt"
+
+
+def rank_error_files(run_dir: Path) -> list[tuple[str, Path]]:
+    """(rank, path) of every rank's error file, by rank."""
+    found = [
+        (path.stem.removeprefix(_RANK_ERROR_PREFIX), path)
+        for path in run_dir.glob(f"{_RANK_ERROR_PREFIX}*.txt")
+    ]
+    return sorted(found, key=lambda item: int(item[0]) if item[0].isdigit() else -1)
+
+
+def clear_rank_errors(run_dir: Path) -> None:
+    for _, path in rank_error_files(run_dir):
+        path.unlink(missing_ok=True)
+
+
+# --- the stopped marker: how `launch` and restarted ranks learn that a stop was deliberate -------
+
+
+def write_stopped(run_dir: Path, step: int, checkpoint: Path | None, reason: str | None) -> None:
+    info = {"step": step, "checkpoint": str(checkpoint) if checkpoint else None, "signal": reason}
+    tmp = run_dir / (STOPPED_FILE + ".tmp")
+    tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(run_dir / STOPPED_FILE)
+
+
+def read_stopped(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        info = json.loads((run_dir / STOPPED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def clear_stopped(run_dir: Path) -> None:
+    (run_dir / STOPPED_FILE).unlink(missing_ok=True)
