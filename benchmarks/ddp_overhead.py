@@ -28,12 +28,12 @@ from torch.nn.parallel import DistributedDataParallel
 from launcher.config import to_root_config
 from launcher.data import build_dataset
 from launcher.data.sequence import collate
+from launcher.distributed import init_distributed
 from launcher.engines import build_engine
-from launcher.loss import all_reduce_token_counts
-from launcher.optim import build_optimizer
-from launcher.tracking import Tracker
-from launcher.worker.distributed import init_distributed
-from launcher.worker.loop import Trainer
+from launcher.tracking.tracker import Tracker
+from launcher.training.loop import Trainer
+from launcher.training.loss import all_reduce_token_counts
+from launcher.training.optim import build_optimizer
 from launcher.worker.run import build_model
 
 WORLD = 2

@@ -25,10 +25,10 @@ import torch
 
 from launcher.config.ac import AcConfig, AcPolicy
 from launcher.config.model import ModelConfig
-from launcher.loss import token_loss_sum
-from launcher.memory import count_flops, measure_activations
 from launcher.models import GPT
-from launcher.recompute import build_runner
+from launcher.recompute.measure import count_flops, measure_activations
+from launcher.recompute.policies import build_runner
+from launcher.training.loss import token_loss_sum
 
 
 def step(
