@@ -16,7 +16,6 @@ from launcher.config.train import Precision
 from launcher.data import build_dataset
 from launcher.engines.ds_config import ds_config_json
 from launcher.errors import ConfigError
-from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.plan import Plan, build_plan, local_cpu_count, runner_kind
 from launcher.rundir import (
@@ -154,10 +153,9 @@ def train_command(cfg: RootConfig, run_dir: Path) -> int:
     log.info(f"run directory: {run_dir}")
     start_fresh(cfg, run_dir)  # only with train.resume=never checkpoint.overwrite=true
     if plan.runner == "in-process":
-        from launcher.worker.run import run_worker
+        from launcher.worker.run import run_in_process
 
-        summary = run_worker(cfg, run_dir)
-        return STOPPED_RESUMABLE if summary.get("status") == "stopped" else 0
+        return run_in_process(cfg, run_dir)
     if plan.runner == "torchrun":
         from launcher.runners.torchrun import run_torchrun
 

@@ -9,8 +9,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from launcher.config import load_config_file
 from launcher.errors import LauncherError
-from launcher.exit_codes import STOPPED_RESUMABLE
-from launcher.worker.run import run_worker
+from launcher.worker.run import run_in_process
 
 
 @record
@@ -22,11 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     config_path = Path(args[0]).resolve()
     try:
         cfg = load_config_file(config_path)
-        summary = run_worker(cfg, config_path.parent)
+        return run_in_process(cfg, config_path.parent)
     except LauncherError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    return STOPPED_RESUMABLE if summary.get("status") == "stopped" else 0
 
 
 if __name__ == "__main__":

@@ -163,3 +163,9 @@ def run_worker(cfg: RootConfig, run_dir: Path) -> dict[str, Any]:
             raise
         finally:
             teardown_distributed()
+
+
+def run_in_process(cfg: RootConfig, run_dir: Path) -> int:
+    """Run this process as the job's only rank (or as one torchrun rank); the exit status."""
+    summary = run_worker(cfg, run_dir)
+    return STOPPED_RESUMABLE if summary.get("status") == "stopped" else 0
