@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config.load import to_root_config
 from launcher.config.store import register_configs
@@ -102,14 +106,52 @@ def _job(cfg: DictConfig, command: str) -> int:
     return code
 
 
-def _hydra_entry(command: str) -> None:
+def _refuse(exc: LauncherError) -> NoReturn:
+    """A problem found before Hydra starts a job: one line, nothing written."""
+    setup_logging(0)
+    get_logger().error(str(exc))
+    sys.exit(exc.exit_code)
+
+
+def _check_command_line(command: str, rest: list[str]) -> None:
+    """--help, and the overrides checked against the schema and conf/ before Hydra composes."""
+    from hydra._internal.utils import get_args_parser
+
+    from launcher.config.overrides import check_overrides
+
+    args = get_args_parser().parse_args(rest)  # a bad flag: argparse's usage, status 2
+    if args.help:
+        from launcher.config.help import render_help
+
+        print(render_help(command, CONF_DIR, args.overrides), end="")
+        sys.exit(0)
+    # A user's own config directory may add groups and options that conf/ does not have.
+    own_configs = args.config_dir or args.config_path or args.config_name
+    searchpath = any(o.lstrip("+~").startswith("hydra.searchpath") for o in args.overrides)
+    try:
+        check_overrides(
+            args.overrides, CONF_DIR, command, groups_known=not (own_configs or searchpath)
+        )
+    except LauncherError as exc:
+        _refuse(exc)
+
+
+def _hydra_entry(command: str, rest: list[str]) -> None:
     register_configs()
+    _check_command_line(command, rest)
 
     jobs_started: list[DictConfig] = []
+    # Until a job starts, Hydra raises its errors (instead of printing several lines and exiting
+    # 1), so that they are reported here in the launcher's form; a job's own errors are Hydra's.
+    raise_hydra_errors = "HYDRA_FULL_ERROR" not in os.environ
+    if raise_hydra_errors:
+        os.environ["HYDRA_FULL_ERROR"] = "1"
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def entry(cfg: DictConfig) -> int:
         jobs_started.append(cfg)
+        if raise_hydra_errors:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
         return _job(cfg, command)
 
     try:
@@ -120,6 +162,15 @@ def _hydra_entry(command: str) -> None:
         if exc.code == 1 and not jobs_started:
             sys.exit(CONFIG_ERROR)
         raise
+    except (HydraException, OmegaConfBaseException) as exc:
+        if jobs_started or not raise_hydra_errors:
+            raise
+        from launcher.config.overrides import translate_hydra_error
+
+        _refuse(translate_hydra_error(exc, command))
+    finally:
+        if raise_hydra_errors:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -137,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, end="", file=sys.stderr)
         sys.exit(2)
     sys.argv = [f"launch {command}", *rest]
-    _hydra_entry(command)
+    _hydra_entry(command, rest)
 
 
 if __name__ == "__main__":

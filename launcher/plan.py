@@ -1,21 +1,24 @@
-"""Config -> Plan: the world, the batch arithmetic, tokens per step, sizes and how it will run."""
+"""Config -> Plan: the world, the batch arithmetic, tokens per step, sizes and how it will run.
+
+The plan is complete: the command, the environment the runner adds and the text of every file it
+writes besides config.yaml and plan.json. `launch plan` prints it; `launch train` writes the same
+files and hands the same plan to its runner.
+"""
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
-from launcher.config.cluster import ClusterKind
+from launcher.config.load import to_plain
 from launcher.config.root import RootConfig
-from launcher.config.train import Precision
-from launcher.engines.state_memory import state_bytes_per_rank
+from launcher.engines import engine_spec
 from launcher.models import GPT
 from launcher.recompute.estimate import estimate_all
-
-BYTES_PER_ELEMENT = {Precision.fp32: 4, Precision.bf16: 2, Precision.fp16: 2}
+from launcher.secrets import redactor_for
 
 
 def count_parameters(cfg: RootConfig) -> int:
@@ -46,12 +49,16 @@ class Plan:
     command: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables the runner adds for the command."""
-    files: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+    """Files the engine and the runner need in the run directory: name -> the exact text written
+    (credentials redacted). plan.json lists their names."""
     activation_estimates: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per recompute policy: activation_bytes, activation_peak_bytes, recompute_flops_ratio."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["files"] = list(self.files)
+        return data
 
     def describe(self) -> str:
         stage = f" (ZeRO stage {self.zero_stage})" if self.zero_stage is not None else ""
@@ -86,13 +93,27 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def runner_kind(cfg: RootConfig) -> str:
-    if cfg.cluster.name == ClusterKind.slurm:
-        return "slurm"
-    return "in-process" if cfg.parallel.dp == 1 else "torchrun"
+class RunnerPart(Protocol):
+    """What the runner (launcher/runners/, chosen by `runner_for`) adds to the plan."""
+
+    @property
+    def name(self) -> str: ...
+
+    def command(self, cfg: RootConfig, run_dir: Path) -> list[str]: ...
+
+    def environment(self, cfg: RootConfig) -> dict[str, str]: ...
+
+    def files(self, cfg: RootConfig, run_dir: Path) -> dict[str, str]: ...
 
 
-def build_plan(cfg: RootConfig, command: list[str] | None = None) -> Plan:
+def build_plan(cfg: RootConfig, run_dir: Path, runner: RunnerPart) -> Plan:
+    """The complete plan for a run in `run_dir`; a bad value raises before anything is written."""
+    command = runner.command(cfg, run_dir)
+    runner_files = runner.files(cfg, run_dir)
+    engine = engine_spec(cfg.engine.name)
+    engine_files = engine.extra_files(cfg)  # generated (and checked) here, once
+    secrets = redactor_for(to_plain(cfg))
+    files = {name: secrets.text(text) for name, text in {**engine_files, **runner_files}.items()}
     split = cfg.split()
     params = count_parameters(cfg)
     estimates = estimate_all(cfg, split.micro_size)
@@ -107,22 +128,18 @@ def build_plan(cfg: RootConfig, command: list[str] | None = None) -> Plan:
         seq_len=cfg.model.seq_len,
         tokens_per_step=split.global_size * cfg.model.seq_len,
         engine=cfg.engine.name.value,
-        zero_stage=cfg.engine.zero_stage if cfg.engine.name.value == "deepspeed" else None,
+        zero_stage=engine.zero_stage(cfg),
         ac=cfg.ac.policy.value,
         precision=cfg.train.precision.value,
         parameters=params,
         memory_estimate={
-            **state_bytes_per_rank(cfg, params),  # per rank: what the engine shards over dp
+            **engine.state_bytes(cfg, params),  # per rank: what the engine shards over dp
             "activations": chosen.activation_bytes,
             "activations_peak": chosen.activation_peak_bytes,
         },
-        runner=runner_kind(cfg),
-        command=command or [],
+        runner=runner.name,
+        command=command,
+        env=runner.environment(cfg),
+        files=files,
         activation_estimates={name: e.to_json() for name, e in estimates.items()},
-    )
-
-
-def local_cpu_count() -> int:
-    return (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     )

@@ -7,34 +7,45 @@ A secret is
   line `export HF_TOKEN=hf_abc...` or a flag `--api-key=...`;
 - a string under a dict key that looks like a credential (api_key, token, password, ...).
 
-Values shorter than MIN_SECRET_LEN characters are ignored: they would match everywhere
-(`1`, `true`), and no real credential is that short. Every secret is replaced by REDACTED.
+Values shorter than MIN_SECRET_LEN characters are not replaced everywhere: they would match
+everywhere (`1`, `true`). A shorter value (at least MIN_ASSIGNED_LEN characters) assigned with `=`
+or a flag (`PASSWORD=hunter2`, `--api-key=abcd`) is replaced where it is assigned, and nowhere
+else. A shell reference (`HF_TOKEN=$HF_TOKEN`) is not a secret: the shell fills it in at run time.
+Every secret is replaced by REDACTED.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 REDACTED = "REDACTED"
 """The replacement: a plain word, safe in YAML, JSON and shell scripts alike."""
 MIN_SECRET_LEN = 8
+"""Values at least this long are replaced wherever they appear."""
+MIN_ASSIGNED_LEN = 4
+"""Shorter values assigned with `=` or a flag are replaced only where they are assigned."""
 
 T = TypeVar("T")
 
 _SECRET_NAME = re.compile(r"(?:^|_)(?:API_?KEY|KEY|TOKEN)$|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
-# NAME=value (shell, .env) or NAME: value, where NAME looks like a credential.
+# NAME=value (shell, .env) or NAME: value, where NAME looks like a credential. A lookahead, so that
+# matches overlap: in `--env=HF_TOKEN=hf_x` or `pw: PASSWORD=x` the outer assignment must not hide
+# the inner one. A name starts at a word boundary (`MONKEY=` holds no `KEY=`).
 _ASSIGNMENT = re.compile(
-    r"""(?P<name>[A-Za-z_][A-Za-z0-9_]*)['"]?\s*[=:]\s*(?P<quote>['"]?)(?P<value>[^\s'"]+)(?P=quote)"""
+    r"""(?<![A-Za-z0-9_])(?=(?P<name>[A-Za-z_][A-Za-z0-9_]*)['"]?\s*(?P<op>[=:])\s*(?P<quote>['"]?)(?P<value>[^\s'"]+)(?P=quote))"""
 )
 # --api-key VALUE, --token=VALUE, --password VALUE
 _FLAG = re.compile(
     r"""--(?P<name>[A-Za-z0-9_-]*(?:key|token|secret|password|passwd))(?:=|\s+)(?P<quote>['"]?)(?P<value>[^\s'"-][^\s'"]*)(?P=quote)""",
     re.IGNORECASE,
 )
+# $NAME or ${NAME}: filled in by the shell that runs the line, not a value.
+_SHELL_REFERENCE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})[;&|)]*")
 
 
 def is_secret_name(name: str) -> bool:
@@ -52,13 +63,23 @@ def environment_secrets(env: Mapping[str, str] | None = None) -> set[str]:
     return {v for k, v in env.items() if is_secret_name(k) and _long_enough(v)}
 
 
+def _assignments(text: str) -> Iterator[tuple[re.Match[str], bool]]:
+    """Matches of a value assigned to a credential-like name, each with whether it was assigned
+    with `=` or a flag (True) or with `:` (False: also prose, `HF_TOKEN: not set`)."""
+    for pattern in (_ASSIGNMENT, _FLAG):
+        for match in pattern.finditer(text):
+            value = match["value"]
+            if is_secret_name(match["name"]) and not _SHELL_REFERENCE.fullmatch(value):
+                yield match, pattern is _FLAG or match["op"] == "="
+
+
 def assigned_secrets(text: str) -> set[str]:
     """Values assigned to credential-like names inside `text` (NAME=value, --token value)."""
     found = set()
-    for pattern in (_ASSIGNMENT, _FLAG):
-        for match in pattern.finditer(text):
-            if is_secret_name(match["name"]) and _long_enough(match["value"]):
-                found.add(match["value"])
+    for match, strict in _assignments(text):
+        value = match["value"]
+        if _long_enough(value) or (strict and len(value) >= MIN_ASSIGNED_LEN):
+            found.add(value)
     return found
 
 
@@ -83,12 +104,34 @@ class Redactor:
     """Replaces a fixed set of secret values wherever they appear."""
 
     def __init__(self, values: Iterable[str]) -> None:
+        values = set(values)
         # Longest first, so that a secret containing another is replaced whole.
         ordered = sorted({v for v in values if _long_enough(v)}, key=len, reverse=True)
         self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        # Short ones only where they are assigned (elsewhere they could be any word).
+        self._short = {v for v in values if MIN_ASSIGNED_LEN <= len(v) < MIN_SECRET_LEN}
 
     def text(self, text: str) -> str:
-        return self._pattern.sub(REDACTED, text) if self._pattern is not None else text
+        if self._pattern is not None:
+            text = self._pattern.sub(REDACTED, text)
+        if self._short:
+            text = self._assigned_short(text)
+        return text
+
+    def _assigned_short(self, text: str) -> str:
+        spans = sorted(
+            {
+                match.span("value")
+                for match, strict in _assignments(text)
+                if strict and match["value"] in self._short
+            }
+        )
+        out, pos = [], 0
+        for start, end in spans:
+            if start >= pos:
+                out += [text[pos:start], REDACTED]
+                pos = end
+        return "".join([*out, text[pos:]])
 
     def data(self, obj: T) -> T:
         """A copy of dicts/lists/tuples with every string redacted (keys included)."""
@@ -122,7 +165,16 @@ def changed_keys(before: Any, after: Any, prefix: str = "") -> list[str]:
         for key in before:
             keys += changed_keys(before[key], after.get(key), f"{prefix}{key}.")
         return keys
-    return [prefix.rstrip(".")] if before != after else []
+    return [] if _same(before, after) else [prefix.rstrip(".")]
+
+
+def _same(before: Any, after: Any) -> bool:
+    """Equal, counting NaN as equal to NaN (optim.grad_clip=nan holds no credential)."""
+    if isinstance(before, float) and isinstance(after, float):
+        return before == after or (math.isnan(before) and math.isnan(after))
+    if isinstance(before, (list, tuple)) and isinstance(after, (list, tuple)):
+        return len(before) == len(after) and all(map(_same, before, after))
+    return bool(before is after or before == after)
 
 
 def redact_file(path: Path, redactor: Redactor | None = None) -> bool:

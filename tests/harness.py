@@ -18,6 +18,7 @@ from launcher.distributed import DistContext, init_distributed, teardown_distrib
 from launcher.engines import build_engine
 from launcher.tracking.tracker import Tracker
 from launcher.training.loop import Trainer
+from launcher.training.loss import LossFn, token_exact_loss
 from launcher.worker.run import build_model
 
 SMALL_MODEL = {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 24, "dropout": 0.0}
@@ -35,24 +36,29 @@ def make_config(**sections: dict[str, Any]) -> RootConfig:
 
 
 def build_trainer(
-    cfg: RootConfig, ctx: DistContext, run_dir: Path, dataset: TokenDataset | None = None
+    cfg: RootConfig,
+    ctx: DistContext,
+    run_dir: Path,
+    dataset: TokenDataset | None = None,
+    loss_fn: LossFn = token_exact_loss,
 ) -> Trainer:
+    """A Trainer as the worker builds it; `loss_fn` installs the negative control directly."""
     model = build_model(cfg)
     engine = build_engine(cfg, model, ctx)
     data = (
         build_dataset(cfg.data, cfg.model.seq_len, cfg.train.seed) if dataset is None else dataset
     )
     tracker = Tracker(run_dir, cfg.train.steps, cfg.train.log_every, enabled=False)
-    return Trainer(cfg, ctx, engine, data, tracker)
+    return Trainer(cfg, ctx, engine, data, tracker, loss_fn=loss_fn)
 
 
 def record_gradients(trainer: Trainer) -> list[torch.Tensor]:
     """Patch this trainer's engine so every step first copies the synchronised gradients."""
     seen: list[torch.Tensor] = []
     engine = trainer.engine
-    original: Callable[[], float] = engine.step
+    original: Callable[[], torch.Tensor] = engine.step
 
-    def step_and_record() -> float:
+    def step_and_record() -> torch.Tensor:
         grads = [
             p.grad.detach().clone().flatten()
             for p in engine.module.parameters()
@@ -69,11 +75,13 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def one_step_gradient(cfg: RootConfig, run_dir: Path) -> torch.Tensor:
+def one_step_gradient(
+    cfg: RootConfig, run_dir: Path, loss_fn: LossFn = token_exact_loss
+) -> torch.Tensor:
     """The gradient of step 0 in this process (a one-rank in-process group)."""
     ctx = init_distributed("cpu")
     try:
-        trainer = build_trainer(cfg, ctx, run_dir)
+        trainer = build_trainer(cfg, ctx, run_dir, loss_fn=loss_fn)
         grads = record_gradients(trainer)
         trainer.train_step(0)
         return grads[0]

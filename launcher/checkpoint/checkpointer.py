@@ -1,11 +1,11 @@
 """Training-state checkpoints of a running job: saved atomically by all ranks together,
 resumed exactly.
 
-Every rank takes part in each save and load (launcher/checkpoint_files.py has the layout and
+Every rank takes part in each save and load (launcher/checkpoint/files.py has the layout and
 the rules for which checkpoint to use). Which samples a step reads depends on the step number
 only (data/sampler.py), so the step is the sampler's whole position, and a resumed run may use
 another dp, micro size or accumulation: DCP reshards the model and optimizer on load. Nothing
-here unpickles code: DCP goes through launcher/dcp.py's restricted loaders, RNG files through
+here unpickles code: DCP goes through launcher/checkpoint/dcp.py's restricted loaders, RNG files through
 torch.load(weights_only=True), the rest is JSON.
 """
 
@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from launcher.checkpoint.compat import check_compatible, fingerprint
 from launcher.checkpoint.files import (
     ENGINE_DIR,
     MARKER,
@@ -33,10 +34,8 @@ from launcher.checkpoint.files import (
     STEP_PREFIX,
     TMP_PREFIX,
     Checkpoint,
-    check_compatible,
     checkpoints_dir,
     commit,
-    fingerprint,
     manifest,
     prune,
     resume_candidates,
@@ -47,7 +46,7 @@ from launcher.errors import LauncherError
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.rundir import write_stopped
-from launcher.tracking.tracker import RunTotals
+from launcher.tracking.metrics import RunTotals
 
 if TYPE_CHECKING:
     from launcher.distributed import DistContext
@@ -111,8 +110,18 @@ def _all_ranks(ok: bool, device: torch.device) -> bool:
     return bool(flag.item())
 
 
+@dataclasses.dataclass(frozen=True)
+class ResumeState:
+    """Where a resumed run continues: after `step`, with the run's totals so far."""
+
+    checkpoint: Checkpoint
+    step: int
+    totals: RunTotals
+
+
 class Checkpointer:
-    """Saves and restores one Trainer's whole state; every method is collective over the ranks."""
+    """Saves one Trainer's whole state and loads it back; every method is collective over the
+    ranks. A step callback of the Trainer (after_step saves every checkpoint.every steps)."""
 
     def __init__(self, cfg: RootConfig, run_dir: Path, ctx: DistContext, trainer: Trainer) -> None:
         self.cfg, self.run_dir, self.ctx, self.trainer = cfg, run_dir, ctx, trainer
@@ -125,6 +134,9 @@ class Checkpointer:
 
     # saving
 
+    def before_step(self, step: int) -> None:
+        del step
+
     def after_step(self, step: int) -> None:
         every = self.cfg.checkpoint.every
         if self.enabled and every and step % every == 0 and step < self.cfg.train.steps:
@@ -134,6 +146,7 @@ class Checkpointer:
         """At the end of training, or at a graceful stop; nothing new when this step is saved."""
         if not self.enabled:
             return None
+        self.trainer.flush()
         if self.last_saved is not None and self.last_saved[0] == self.trainer.step:
             return self.last_saved[1]
         return self.save()
@@ -153,6 +166,8 @@ class Checkpointer:
         return saved
 
     def save(self) -> Path:
+        # The step in flight is logged first: metrics.jsonl and the saved totals include it.
+        self.trainer.flush()
         step, ctx, engine = self.trainer.step, self.ctx, self.trainer.engine
         tmp, final = self.root / f"{TMP_PREFIX}{step}", self.root / f"{STEP_PREFIX}{step}"
         started = time.perf_counter()
@@ -196,16 +211,16 @@ class Checkpointer:
 
     # resuming
 
-    def resume(self, restarted: bool = False) -> Checkpoint | None:
-        """Load the checkpoint train.resume asks for (trying older ones if one fails to load)."""
+    def resume(self, restarted: bool = False) -> ResumeState | None:
+        """Load the checkpoint train.resume asks for (trying older ones if one fails to load)
+        into the engine and the RNGs; the step and totals to continue from (None: start)."""
         candidates = resume_candidates(
             self.cfg, self.run_dir, restarted=restarted, warn=self.ctx.is_main
         )
         for ckpt in candidates:
             check_compatible(ckpt.meta, self.cfg, ckpt.path)
             if self._load(ckpt):
-                self._restore_progress(ckpt)
-                return ckpt
+                return self._resumed(ckpt)
             if self.ctx.is_main:
                 log.warning(f"skipping checkpoint {ckpt.path}: it could not be loaded (see above).")
         if candidates:
@@ -232,12 +247,8 @@ class Checkpointer:
             ok = False
         return _all_ranks(ok, ctx.device)
 
-    def _restore_progress(self, ckpt: Checkpoint) -> None:
-        trainer, step = self.trainer, ckpt.step
-        trainer.step = step
-        names = {f.name for f in dataclasses.fields(RunTotals)}
-        saved = {k: v for k, v in ckpt.meta.get("totals", {}).items() if k in names}
-        trainer.tracker.totals = RunTotals(**saved)
+    def _resumed(self, ckpt: Checkpoint) -> ResumeState:
+        step = ckpt.step
         self.last_saved = (step, ckpt.path)
         if self.ctx.is_main:
             was = ckpt.meta.get("world_size")
@@ -252,3 +263,4 @@ class Checkpointer:
                 log.info(
                     f"the checkpoint is at step {step} of train.steps={self.cfg.train.steps}: nothing left to train."
                 )
+        return ResumeState(ckpt, step, RunTotals.from_saved(ckpt.meta.get("totals", {})))

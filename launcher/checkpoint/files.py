@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.config.engine import EngineName
+from launcher.checkpoint.compat import check_compatible
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.logs import get_logger
@@ -41,94 +41,6 @@ RNG_DIR = "rng"
 
 def checkpoints_dir(run_dir: Path) -> Path:
     return run_dir / CHECKPOINTS_DIR
-
-
-# --- what must not change on resume --------------------------------------------------------------
-
-
-STEPS_KEY = "train.steps"
-
-
-def fingerprint(cfg: RootConfig) -> dict[str, Any]:
-    """Settings a resumed run must share with its checkpoint: the model's shape, the global
-    batch, the seed, the data, the optimizer and the schedule's length (together they fix the
-    trajectory; the optimizer and scheduler states loaded from the checkpoint would silently
-    override a changed optim.* or train.steps). The split into ranks and micro-batches, the engine
-    (where it can reshard), recompute and logging may change."""
-    m, d, o = cfg.model, cfg.data, cfg.optim
-    optim = {
-        f"optim.{key}": getattr(o, key)
-        for key in (
-            "lr",
-            "min_lr_ratio",
-            "warmup_steps",
-            "weight_decay",
-            "beta1",
-            "beta2",
-            "eps",
-            "grad_clip",
-        )
-    }
-    return {
-        **optim,
-        STEPS_KEY: cfg.train.steps,
-        "data.path": d.path,
-        "data.min_len": d.min_len,
-        "data.max_len": d.max_len,
-        "data.alphabet": d.alphabet,
-        "model.n_layer": m.n_layer,
-        "model.n_head": m.n_head,
-        "model.d_model": m.d_model,
-        "model.seq_len": m.seq_len,
-        "model.vocab_size": m.vocab_size,
-        "model.mlp_ratio": m.mlp_ratio,
-        "batch.global_size": cfg.split().global_size,
-        "train.seed": cfg.train.seed,
-        "data.name": cfg.data.name.value,
-    }
-
-
-def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path) -> None:
-    """Raise ConfigError naming every setting that differs from checkpoint `path`.
-
-    train.steps alone may change (to train on, or stop sooner): the schedule is rebuilt from the
-    new length, so the learning rate follows the new cosine from here on, with a warning.
-    """
-    saved, now = meta.get("fingerprint", {}), fingerprint(cfg)
-    changed = [k for k in now if k in saved and saved[k] != now[k]]
-    if STEPS_KEY in changed:
-        changed.remove(STEPS_KEY)
-        log.warning(
-            f"{STEPS_KEY} changed from {saved[STEPS_KEY]} to {now[STEPS_KEY]} since checkpoint "
-            f"{path}: the learning-rate schedule is stretched to the new length from here on."
-        )
-    if changed:
-        diffs = ", ".join(f"{k}={saved[k]} in the checkpoint, {now[k]} now" for k in changed)
-        restore = " ".join(f"{k}={saved[k]}" for k in changed)
-        raise ConfigError(
-            changed,
-            f"changed since checkpoint {path} was saved ({diffs}); a resumed run must keep the "
-            "model shape, global batch, seed, data and optimizer settings.",
-            f"resume with {restore}, or start a new run elsewhere (hydra.run.dir=...), or discard "
-            "the checkpoints with train.resume=never checkpoint.overwrite=true.",
-        )
-    engine, saved_engine = cfg.engine.name.value, meta.get("engine", "ddp")
-    ds = EngineName.deepspeed.value
-    if engine != saved_engine and ds in (engine, saved_engine):
-        raise ConfigError(
-            "engine",
-            f"checkpoint {path} was saved by engine={saved_engine}; engine={engine} cannot read it "
-            "(ddp and fsdp share a format, deepspeed has its own).",
-            f"resume with engine={saved_engine}, or start a new run elsewhere (hydra.run.dir=...).",
-        )
-    if engine == ds and meta.get("world_size") != cfg.parallel.dp:
-        raise ConfigError(
-            "parallel.dp",
-            f"checkpoint {path} was saved by {meta.get('world_size')} DeepSpeed ranks; DeepSpeed "
-            f"cannot load it into {cfg.parallel.dp} (that needs its universal-checkpoint conversion).",
-            f"resume with parallel.dp={meta.get('world_size')}, or use engine=ddp/fsdp, whose "
-            "checkpoints reshard.",
-        )
 
 
 # --- finding complete checkpoints ----------------------------------------------------------------

@@ -21,7 +21,7 @@ class AcConfig:
     """Which activations are recomputed in backward instead of kept from forward."""
 
     policy: AcPolicy = AcPolicy.none
-    """none | full | every_n | sqrt | selective (see README: choosing a granularity)."""
+    """none | full | every_n | sqrt | selective (see docs/recompute.md)."""
     every_n: int = 2
     """every_n: recompute every n-th block."""
     offload: bool = False

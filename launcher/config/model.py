@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.config.checks import require_positive
+from launcher.config.checks import require_finite, require_positive
 from launcher.errors import ConfigError
 
 
@@ -30,6 +30,7 @@ class ModelConfig:
     """Hidden width of the MLP as a multiple of d_model."""
 
     def __post_init__(self) -> None:
+        require_finite("model", self)
         for key in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio"):
             require_positive(f"model.{key}", getattr(self, key))
         if self.d_model % self.n_head:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from launcher.config.ac import AcConfig
+from launcher.config.checks import require_finite
 from launcher.config.cluster import ClusterConfig, ClusterKind
 from launcher.config.data import DataConfig
 from launcher.config.engine import EngineConfig
@@ -34,6 +35,9 @@ class RootConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
 
     def __post_init__(self) -> None:
+        # Every section's float fields, also those of a section that does not check its own.
+        for f in fields(self):
+            require_finite(f.name, getattr(self, f.name))
         self.split()  # raises on a batch split that does not multiply out
         if self.parallel.nodes > 1 and self.cluster.name != ClusterKind.slurm:
             raise ConfigError(

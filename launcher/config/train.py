@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from launcher.config.checks import require_non_negative, require_positive
+from launcher.config.checks import require_finite, require_non_negative, require_positive
 from launcher.errors import ConfigError
 
 
@@ -26,13 +26,18 @@ class OptimConfig:
     warmup_steps: int = 20
     """Optimizer steps of linear warmup."""
     weight_decay: float = 0.01
+    """AdamW weight decay (decoupled from the gradient)."""
     beta1: float = 0.9
+    """AdamW first-moment decay."""
     beta2: float = 0.98
+    """AdamW second-moment decay."""
     eps: float = 1e-8
+    """AdamW denominator epsilon."""
     grad_clip: float = 1.0
     """Max global gradient norm (0 disables clipping; the norm is still logged)."""
 
     def __post_init__(self) -> None:
+        require_finite("optim", self)
         require_positive("optim.lr", self.lr)
         require_non_negative("optim.warmup_steps", self.warmup_steps)
         require_non_negative("optim.weight_decay", self.weight_decay)
@@ -66,6 +71,7 @@ class TrainConfig:
     """Device peak FLOP/s for MFU; null looks the device up in a table."""
 
     def __post_init__(self) -> None:
+        require_finite("train", self)
         require_positive("train.steps", self.steps)
         require_positive("train.log_every", self.log_every)
         require_non_negative("train.max_restarts", self.max_restarts)
@@ -106,5 +112,10 @@ class DebugConfig:
     raise_at_step: int | None = None
     """Make rank `raise_on_rank` raise at this 1-based step (to test failure handling)."""
     raise_on_rank: int = 0
+    """The rank that raises at debug.raise_at_step."""
     step_sleep_s: float = 0.0
     """Sleep after every optimizer step, so a test can signal or kill a run mid-way."""
+
+    def __post_init__(self) -> None:
+        require_finite("debug", self)
+        require_non_negative("debug.step_sleep_s", self.step_sleep_s)

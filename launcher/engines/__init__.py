@@ -1,6 +1,9 @@
 """Engines wrap the model and optimizer behind one small interface (see base.Engine).
 
-Each engine module is imported only when chosen, so a DDP run never imports deepspeed.
+This module is the one place that maps `engine=<name>` to its EngineSpec (engines/spec.py): the
+plan, `launch`'s checks and the resume rules ask the spec, never compare names. Each engine's
+runtime module is imported only when a rank builds it, so a DDP run never imports deepspeed.
+Adding an engine: its runtime module and its spec here in engines/, and one line below.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from launcher.config.engine import EngineName
+from launcher.engines.spec import DDPSpec, DeepSpeedSpec, EngineSpec, FSDPSpec
 
 if TYPE_CHECKING:
     from torch import nn
@@ -16,17 +20,40 @@ if TYPE_CHECKING:
     from launcher.distributed import DistContext
     from launcher.engines.base import Engine
 
+_SPECS: dict[EngineName, EngineSpec] = {
+    spec.name: spec for spec in (DDPSpec(), FSDPSpec(), DeepSpeedSpec())
+}
+
+
+def engine_spec(name: EngineName) -> EngineSpec:
+    """The spec of `engine=<name>`."""
+    return _SPECS[name]
+
+
+def engine_spec_named(name: str) -> EngineSpec | None:
+    """The spec of an engine named in a file (a checkpoint's meta.json); None if unknown."""
+    try:
+        return _SPECS[EngineName(name)]
+    except ValueError:
+        return None
+
 
 def build_engine(cfg: RootConfig, model: nn.Module, ctx: DistContext) -> Engine:
-    name = cfg.engine.name
-    if name == EngineName.ddp:
-        from launcher.engines.ddp import DDPEngine
+    return engine_spec(cfg.engine.name).build(cfg, model, ctx)
 
-        return DDPEngine(cfg, model, ctx)
-    if name == EngineName.fsdp:
-        from launcher.engines.fsdp import FSDPEngine
 
-        return FSDPEngine(cfg, model, ctx)
-    from launcher.engines.deepspeed import DeepSpeedEngine
+def checkpoint_formats_note() -> str:
+    """Which engines read each other's checkpoints, e.g. "ddp and fsdp share a format, deepspeed
+    has its own"."""
+    groups: dict[str, list[str]] = {}
+    for name, spec in _SPECS.items():
+        groups.setdefault(spec.checkpoint_format, []).append(name.value)
+    return ", ".join(
+        f"{' and '.join(names)} share a format" if len(names) > 1 else f"{names[0]} has its own"
+        for names in groups.values()
+    )
 
-    return DeepSpeedEngine(cfg, model, ctx)
+
+def reshardable_engines() -> list[str]:
+    """The engines whose checkpoints load into another number of ranks."""
+    return [name.value for name, spec in _SPECS.items() if spec.reshardable]

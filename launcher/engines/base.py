@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from launcher.config.root import RootConfig
-from launcher.config.train import Precision
+from launcher.engines import precision
 
 
 class Engine(ABC):
@@ -26,9 +26,6 @@ class Engine(ABC):
     """How many times the engine divides the summed gradient; the loss multiplies it back."""
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    """Optimizer, schedule and fp16 loss scaler (disabled unless fp16): what the default
-    checkpoint (dcp_state) saves besides the model. Engines with their own format may differ."""
 
     def __init__(self, cfg: RootConfig) -> None:
         self.cfg = cfg
@@ -42,8 +39,10 @@ class Engine(ABC):
         """Backward of one micro-batch's (already token-normalised) loss."""
 
     @abstractmethod
-    def step(self) -> float:
-        """Clip, step the optimizer and scheduler once, zero gradients; return the grad norm."""
+    def step(self) -> torch.Tensor:
+        """Clip, step the optimizer and scheduler once, zero gradients; return the grad norm.
+
+        The norm stays a (0-dim) tensor on the device: reading it is the caller's host sync."""
 
     @property
     @abstractmethod
@@ -52,20 +51,36 @@ class Engine(ABC):
 
     def autocast(self) -> AbstractContextManager[Any]:
         """Mixed precision for forward; engines that cast the model themselves return nullcontext."""
-        precision = self.cfg.train.precision
-        if precision == Precision.fp32:
-            return nullcontext()
-        dtype = torch.bfloat16 if precision == Precision.bf16 else torch.float16
         device = next(self.module.parameters()).device
-        return torch.autocast(device_type=device.type, dtype=dtype)
+        return precision.autocast(self.cfg.train.precision, device)
 
     @property
     def clip_norm(self) -> float:
         """optim.grad_clip, with 0 meaning 'measure, do not clip'."""
         return self.cfg.optim.grad_clip or math.inf
 
-    # Checkpoints (launcher/checkpoint.py). The default is torch.distributed.checkpoint, which
-    # reshards on load; an engine with its own format (DeepSpeed) overrides both methods.
+    # Checkpoints (launcher/checkpoint/checkpointer.py): each engine writes its own format.
+
+    @abstractmethod
+    def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
+        """Collective: write this rank's part of the engine state under `directory`.
+
+        client_state (step, totals) is also in the checkpoint's meta.json; engines may ignore it.
+        """
+
+    @abstractmethod
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        """Collective: restore what save_checkpoint wrote (resharding where the format can)."""
+
+
+class TorchOptimizerEngine(Engine):
+    """An engine whose optimizer step is plain PyTorch: AdamW, the schedule, a GradScaler (ddp, fsdp).
+
+    Its checkpoint is torch.distributed.checkpoint (DCP), which reshards on load.
+    """
+
+    scaler: torch.amp.GradScaler
+    """The fp16 loss scaler (disabled unless fp16), saved in the checkpoint with the optimizer."""
 
     def dcp_state(self) -> dict[str, Any]:
         """The training state as DCP Stateful objects: model and optimizer (through DCP's
@@ -79,25 +94,16 @@ class Engine(ABC):
         }
 
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
-        """Collective: write this rank's part of the engine state under `directory`.
-
-        client_state (step, totals) is also in the checkpoint's meta.json; engines may ignore it.
-        """
         from launcher.checkpoint import dcp
 
-        del client_state
+        del client_state  # in meta.json already
         dcp.save(directory, self.dcp_state())
 
     def load_checkpoint(self, directory: Path) -> dict[str, Any]:
-        """Collective: restore what save_checkpoint wrote (resharding where the format can)."""
         from launcher.checkpoint import dcp
 
         dcp.load(directory, self.dcp_state())
         return {}
-
-
-class TorchOptimizerEngine(Engine):
-    """An engine whose optimizer step is plain PyTorch: AdamW, the schedule, a GradScaler (ddp, fsdp)."""
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
@@ -106,15 +112,15 @@ class TorchOptimizerEngine(Engine):
         """The gradient norm over all ranks (sharded engines override)."""
         return norm
 
-    def step(self) -> float:
+    def step(self) -> torch.Tensor:
         self.scaler.unscale_(self.optimizer)
         norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip_norm)
         norm = self.global_norm(norm)
-        self.scaler.step(self.optimizer)
+        self.scaler.step(self.optimizer)  # fp16 only: reads found_inf on the host
         self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return norm.detach()
 
     @property
     def lr(self) -> float:

@@ -10,8 +10,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.config.root import RootConfig
-from launcher.config.train import Precision
 from launcher.distributed import DistContext
+from launcher.engines import precision
 from launcher.engines.base import TorchOptimizerEngine
 from launcher.training.optim import build_optimizer, build_scheduler
 
@@ -29,7 +29,7 @@ class DDPEngine(TorchOptimizerEngine):
         self.grad_divisor = float(ctx.world_size)
         self.optimizer = build_optimizer(self.module, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.train.steps, cfg.optim)
-        fp16 = cfg.train.precision == Precision.fp16
+        fp16 = precision.needs_loss_scaling(cfg.train.precision)
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=fp16)
 
     def accumulation_context(self, sync: bool) -> AbstractContextManager[Any]:

@@ -107,16 +107,23 @@ class DeepSpeedEngine(Engine):
     def backward(self, loss: torch.Tensor) -> None:
         self.ds.backward(loss, scale_wrt_gas=False)
 
-    def step(self) -> float:
-        """Unscale, clip (gradient_clipping), step optimizer and scheduler, zero the gradients."""
+    def step(self) -> torch.Tensor:
+        """Unscale, clip (gradient_clipping), step optimizer and scheduler, zero the gradients.
+
+        The norm is a tensor; DeepSpeed itself may sync on the host inside ds.step() (overflow
+        checks, its own norm), which is not ours to remove."""
         measured = self._grad_norm() if self._measure_norm else None
         self.ds.step()
         norm = measured if measured is not None else self.ds.get_global_grad_norm()
-        return math.nan if norm is None else float(norm)
+        if isinstance(norm, torch.Tensor):
+            return norm.detach()
+        return torch.tensor(math.nan if norm is None else float(norm), dtype=torch.float64)
 
-    def _grad_norm(self) -> float:
+    def _grad_norm(self) -> torch.Tensor:
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        if not grads:
+            return torch.zeros((), dtype=torch.float64)
+        return torch.nn.utils.get_total_norm(grads).detach()
 
     @property
     def lr(self) -> float:

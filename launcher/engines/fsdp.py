@@ -23,15 +23,16 @@ from torch.distributed.tensor import DTensor
 from launcher.config.root import RootConfig
 from launcher.config.train import Precision
 from launcher.distributed import DistContext
+from launcher.engines import precision as precisions
 from launcher.engines.base import TorchOptimizerEngine
 from launcher.training.optim import build_optimizer, build_scheduler
-
-PARAM_DTYPE = {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 
 
 def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:
     """Compute in bf16/fp16, keep fp32 sharded parameters and reduce gradients in fp32."""
-    return MixedPrecisionPolicy(param_dtype=PARAM_DTYPE[precision], reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(
+        param_dtype=precisions.reduced_dtype(precision), reduce_dtype=torch.float32
+    )
 
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
@@ -57,7 +58,7 @@ class FSDPEngine(TorchOptimizerEngine):
         # Built after sharding, so AdamW holds (and steps) only this rank's shards.
         self.optimizer = build_optimizer(self.module, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.train.steps, cfg.optim)
-        fp16 = cfg.train.precision == Precision.fp16
+        fp16 = precisions.needs_loss_scaling(cfg.train.precision)
         # Each rank sees only its shards: the scaler agrees on inf/NaN across ranks.
         self.scaler = ShardedGradScaler(ctx.device.type, enabled=fp16)
         self._root: FSDPModule = self.units[-1]

@@ -1,5 +1,5 @@
 """Activation memory and recompute FLOPs of one micro-batch per policy, estimated from the shape
-(what `launch plan` prints; runs report the measured figures from launcher/memory.py).
+(what `launch plan` prints; runs report the measured figures from launcher/recompute/measure.py).
 
 Counted per token for the built-in GPT (width h, MLP ratio r, heads a, vocabulary V, fused
 attention that keeps its output and log-sum-exp, not the score matrix), in the run's precision
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from launcher.config.ac import AcPolicy
 from launcher.config.root import RootConfig
-from launcher.config.train import Precision
+from launcher.engines.precision import bytes_per_element
 from launcher.recompute.policies import Segment, SegmentMode, plan_segments
 
 FP32 = 4
@@ -48,7 +48,7 @@ class ActivationEstimate:
 def estimate_activations(cfg: RootConfig, micro_size: int, policy: AcPolicy) -> ActivationEstimate:
     m = cfg.model
     h, r, a, vocab, n = m.d_model, m.mlp_ratio, m.n_head, m.vocab_size, m.n_layer
-    width = FP32 if cfg.train.precision == Precision.fp32 else 2
+    width = bytes_per_element(cfg.train.precision)
     dropout = m.dropout > 0
     tokens = micro_size * m.seq_len
 

@@ -24,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from launcher.config.ac import AcConfig, AcPolicy
 from launcher.config.root import RootConfig
-from launcher.config.train import Precision
+from launcher.engines.precision import autocast as precision_autocast
 from launcher.models import GPT
 from launcher.recompute.policies import build_runner
 from launcher.training.loss import token_loss_sum
@@ -180,10 +180,7 @@ def measure_micro_batch(
 
 
 def _autocast(cfg: RootConfig, device: torch.device) -> AbstractContextManager[Any]:
-    if cfg.train.precision == Precision.fp32:
-        return nullcontext()
-    dtype = torch.bfloat16 if cfg.train.precision == Precision.bf16 else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    return precision_autocast(cfg.train.precision, device)
 
 
 def _device_of(model: nn.Module) -> torch.device:

@@ -14,13 +14,18 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError, EnvironmentProblem
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.rundir import SBATCH_FILE, STOPPED_FILE, slurm_logs
+from launcher.runners.base import Runner
 from launcher.secrets import redactor_for
+
+if TYPE_CHECKING:
+    from launcher.plan import Plan
 
 log = get_logger("slurm")
 
@@ -129,23 +134,32 @@ def render_sbatch(cfg: RootConfig, run_dir: Path) -> str:
     return script
 
 
-def write_sbatch(cfg: RootConfig, run_dir: Path) -> Path:
-    path = run_dir / SBATCH_FILE
-    path.write_text(render_sbatch(cfg, run_dir), encoding="utf-8")
-    path.chmod(0o755)
-    return path
-
-
 def sbatch_argv(cfg: RootConfig, run_dir: Path) -> list[str]:
-    """The submission command. Renders the script first, so a bad value fails before any file is written."""
-    render_sbatch(cfg, run_dir)
+    """The submission command. Checks the run directory and the cluster first, so a bad value
+    fails before any file is written."""
+    check_slurm(cfg, run_dir.resolve())
     wait = ["--wait"] if cfg.cluster.wait else []
     return ["sbatch", "--parsable", *wait, str(run_dir.resolve() / SBATCH_FILE)]
 
 
-def submit(cfg: RootConfig, run_dir: Path) -> int:
-    """Submit train.sbatch; print the job id and log path. With cluster.wait, the job's exit status."""
-    argv = sbatch_argv(cfg, run_dir)
+class SlurmRunner(Runner):
+    """The plan's train.sbatch (rendered once, into the plan) is submitted with sbatch."""
+
+    name = "slurm"
+
+    def command(self, cfg: RootConfig, run_dir: Path) -> list[str]:
+        return sbatch_argv(cfg, run_dir)
+
+    def files(self, cfg: RootConfig, run_dir: Path) -> dict[str, str]:
+        return {SBATCH_FILE: render_sbatch(cfg, run_dir)}
+
+    def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
+        return submit(cfg, run_dir, plan.command)
+
+
+def submit(cfg: RootConfig, run_dir: Path, argv: list[str]) -> int:
+    """Run the planned sbatch command on the written train.sbatch; print the job id and log path.
+    With cluster.wait, the job's exit status."""
     if shutil.which(argv[0]) is None:
         raise EnvironmentProblem(
             f"cluster=slurm: sbatch is not on PATH, so nothing was submitted. Fix: run `launch` on a "

@@ -7,13 +7,23 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.config.root import RootConfig
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
-from launcher.plan import local_cpu_count
-from launcher.rundir import clear_rank_errors, clear_stopped, rank_error_files, read_stopped
+from launcher.rundir import (
+    CONFIG_FILE,
+    clear_rank_errors,
+    clear_stopped,
+    rank_error_files,
+    read_stopped,
+)
+from launcher.runners.local import LocalRunner, local_cpu_count
 from launcher.runners.signals import forward_stop_signals
+
+if TYPE_CHECKING:
+    from launcher.plan import Plan
 
 log = get_logger("torchrun")
 
@@ -52,10 +62,6 @@ def environment_additions(cfg: RootConfig) -> dict[str, str]:
     return {key: value for key, value in extra.items() if key not in os.environ}
 
 
-def rank_environment(cfg: RootConfig) -> dict[str, str]:
-    return {**os.environ, **environment_additions(cfg)}
-
-
 def report_failed_ranks(run_dir: Path) -> None:
     for rank, path in rank_error_files(run_dir):
         lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
@@ -63,14 +69,27 @@ def report_failed_ranks(run_dir: Path) -> None:
         log.error(f"rank {rank} failed: {last}  (traceback: {path})")
 
 
-def run_torchrun(cfg: RootConfig, config_path: Path) -> int:
-    run_dir = config_path.parent
+class TorchrunRunner(LocalRunner):
+    name = "torchrun"
+
+    def command(self, cfg: RootConfig, run_dir: Path) -> list[str]:
+        return torchrun_argv(cfg, run_dir / CONFIG_FILE)
+
+    def environment(self, cfg: RootConfig) -> dict[str, str]:
+        return environment_additions(cfg)
+
+    def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
+        del cfg  # the ranks read config.yaml
+        return run_torchrun(run_dir, plan.command, plan.env)
+
+
+def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
+    """Run the planned torchrun command with the planned environment additions."""
     clear_rank_errors(run_dir)
     clear_stopped(run_dir)
-    argv = torchrun_argv(cfg, config_path)
     # A session of its own: a stop signal for `launch` reaches each rank once, through the
     # forwarder, and never also straight from the terminal or a process-group kill.
-    proc = subprocess.Popen(argv, env=rank_environment(cfg), start_new_session=True)
+    proc = subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True)
     with forward_stop_signals(proc.pid) as forwarder:
         try:
             code = proc.wait()

@@ -26,7 +26,7 @@ from launcher.errors import ConfigError
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.rundir import WANDB_DIR, WANDB_RUN_ID_FILE
-from launcher.secrets import redact
+from launcher.secrets import Redactor, redact, redactor_for
 
 log = get_logger("wandb")
 
@@ -110,14 +110,36 @@ def run_id(run_dir: Path) -> str:
 
 
 @contextlib.contextmanager
-def _redacted_argv() -> Iterator[None]:
+def _redacted_argv(secrets: Redactor) -> Iterator[None]:
     """wandb records sys.argv; an in-process launch's argv holds the user's overrides."""
     saved = list(sys.argv)
-    sys.argv[:] = redact(saved)
+    sys.argv[:] = secrets.data(saved)
     try:
         yield
     finally:
         sys.argv[:] = saved
+
+
+def init_arguments(
+    cfg: RootConfig, run_dir: Path, derived: dict[str, Any]
+) -> tuple[dict[str, Any], Redactor]:
+    """What wandb.init receives that comes from the user (config, project, name, group, tags),
+    with every credential redacted by the rules that clean config.yaml: a secret typed into
+    wandb.name or wandb.tags reaches neither the run file nor the dashboard. Also the redactor,
+    for the rest of what wandb records (sys.argv)."""
+    w = cfg.wandb
+    config = {**to_plain(cfg), "derived": derived}
+    # The environment's secrets, those assigned inside any config value, and those on the
+    # command line (a sweep point's argv holds every override).
+    secrets = redactor_for([config, list(sys.argv)])
+    return {
+        "project": secrets.text(w.project),
+        "entity": None if w.entity is None else secrets.text(w.entity),
+        "name": secrets.text(w.name or run_dir.name),
+        "group": None if w.group is None else secrets.text(w.group),
+        "tags": [secrets.text(tag) for tag in w.tags],
+        "config": secrets.data(config),
+    }, secrets
 
 
 class WandbRun:
@@ -140,14 +162,10 @@ class WandbRun:
 
             if wandb.run is not None:  # an earlier in-process run (a sweep point) left open
                 wandb.finish()
-            with _redacted_argv():
+            user, secrets = init_arguments(cfg, run_dir, derived)
+            with _redacted_argv(secrets):
                 run = wandb.init(
-                    project=w.project,
-                    entity=w.entity,
-                    name=w.name or run_dir.name,
-                    group=w.group,
-                    tags=list(w.tags),
-                    config=redact({**to_plain(cfg), "derived": derived}),
+                    **user,
                     dir=str(run_dir),
                     id=run_id(run_dir),
                     resume="allow",

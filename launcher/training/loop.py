@@ -1,14 +1,29 @@
-"""The training loop of one rank: accumulation with the token-exact loss, one step per global batch."""
+"""The training loop of one rank: accumulation with the token-exact loss, one step per global batch.
+
+The step does not block on the device. Host waits that remain, per step:
+
+1. the counts all-reduce (`StepCounts.read`), once the step's forward and backward are queued and
+   before its optimizer step: every rank must make the same two decisions on the host, stop (a
+   signal reached some rank) and skip (the global batch has no valid token), and the optimizer
+   step cannot be queued before them. On a GPU this waits for the previous step's optimizer
+   step and the all-reduce only; this step's forward and backward are still queued behind them.
+   With gloo (CPUs) collectives run on the host: the all-reduce is started before the first
+   forward and waited for after it, where the loss scale is first needed.
+2. metrics of step k are read (`float` of the loss and gradient norm) after step k+1 reached
+   wait 1, so they are complete by then and cost no extra wait.
+3. a GradScaler (fp16 only) and DeepSpeed's step read overflow flags on the host themselves.
+
+The token count that scales the loss stays on the device; the summed loss of step k rides on
+step k+1's counts all-reduce (one small collective per step), and `flush` reduces the last one
+on its own (at the end and before a checkpoint, so metrics.jsonl is complete up to it).
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from launcher.config.root import RootConfig
 from launcher.data.sampler import GlobalBatchSampler
@@ -16,55 +31,43 @@ from launcher.data.sequence import TokenDataset, collate
 from launcher.distributed import DistContext
 from launcher.engines.base import Engine
 from launcher.logs import get_logger
+from launcher.tracking.metrics import RunTotals
 from launcher.tracking.tracker import Tracker
-from launcher.training.batch import BatchSplit
+from launcher.training.hooks import StepCallback, StopRequest
 from launcher.training.loss import (
-    StepTokens,
-    all_reduce_token_counts,
-    micro_loss,
+    LossFn,
+    MicroLossContext,
+    StepCounts,
+    reduce_loss_sum,
+    token_exact_loss,
     token_loss_sum,
-    valid_tokens,
 )
-from launcher.training.steptime import StepClock, StepTimes
-from launcher.worker.stop import StopFlag
+from launcher.training.prefetch import Batch, Prefetcher
+from launcher.training.step import StepResult
+from launcher.training.steptime import StepClock
 
 log = get_logger("loop")
 
 
-@dataclass
-class StepResult:
-    step: int
-    loss: float | None
-    tokens: StepTokens
-    grad_norm: float | None
-    lr: float
-    seconds: float
-    data_s: float = 0.0
-    comm_wait_s: float = 0.0
-    """Time building micro-batches, and blocked in the loop's own collectives (launcher/steptime.py)."""
-    stopped: bool = False
-    """The ranks agreed to stop before this step (a stop signal); nothing was trained."""
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
 
-    def metrics(self, split: BatchSplit) -> dict[str, Any]:
-        return {
-            "step": self.step + 1,
-            "loss": self.loss,
-            "tokens": self.tokens.total,
-            "lr": self.lr,
-            "grad_norm": self.grad_norm,
-            "tokens_per_s": self.tokens.total / self.seconds if self.seconds > 0 else 0.0,
-            "step_time_s": self.seconds,
-            "compute_s": max(0.0, self.seconds - self.data_s - self.comm_wait_s),
-            "comm_wait_s": self.comm_wait_s,
-            "data_s": self.data_s,
-            "rank_tokens_min": min(self.tokens.per_rank),
-            "rank_tokens_max": max(self.tokens.per_rank),
-            "padding_fraction": self.tokens.padding_fraction,
-            "skipped": self.loss is None,
-        }
+
+def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
 
 
 class Trainer:
+    """One rank's training: `train` runs to train.steps; `train_step` is one optimizer step.
+
+    callbacks: run around every step (periodic checkpoints, the tests' fault injection).
+    loss_fn: what each micro-batch backpropagates; the token-exact loss unless a test installs
+    the negative control.
+    """
+
     def __init__(
         self,
         cfg: RootConfig,
@@ -72,106 +75,127 @@ class Trainer:
         engine: Engine,
         dataset: TokenDataset,
         tracker: Tracker,
+        *,
+        callbacks: Sequence[StepCallback] = (),
+        loss_fn: LossFn = token_exact_loss,
     ) -> None:
-        self.cfg, self.ctx, self.engine, self.dataset, self.tracker = (
-            cfg,
-            ctx,
-            engine,
-            dataset,
-            tracker,
-        )
+        self.cfg, self.ctx, self.engine, self.dataset = cfg, ctx, engine, dataset
+        self.tracker = tracker
+        self.callbacks = list(callbacks)
+        self.loss_fn = loss_fn
         self.split = cfg.split()
         self.sampler = GlobalBatchSampler(len(dataset), self.split.global_size, cfg.train.seed)
         self.positions = self.split.global_size * cfg.model.seq_len
         self.step = 0  # optimizer steps done (the next step's index)
+        self.pending: StepResult | None = None
+        """The last step, not logged yet: its numbers are read once the next step is queued."""
+        self.batches = Prefetcher(self._micro_batches, pin=ctx.device.type == "cuda")
+        # The loop's own collectives, attributes so that a test can count them on this trainer:
+        # the step's counts all-reduce, and the loss of a step with no next step to ride on.
+        self.counts: Any = StepCounts
+        self.reduce_loss: Any = reduce_loss_sum
 
-    def _micro_batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def continue_from(self, step: int, totals: RunTotals) -> None:
+        """Continue a resumed run: `step` steps done, the run's totals so far."""
+        self.step, self.pending = step, None
+        self.tracker.totals = totals
+
+    def _micro_batches(self, step: int) -> list[Batch]:
         batches = self.sampler.micro_batches(step, self.split, self.ctx.rank)
         return [collate([self.dataset[i] for i in indices]) for indices in batches]
 
-    def probe_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def probe_batch(self) -> Batch:
         """This rank's first micro-batch of step 0 (for activation measurements)."""
-        inputs, targets = self._micro_batches(0)[0]
+        inputs, targets = self.batches.build(0).batches[0]
         return inputs.to(self.ctx.device), targets.to(self.ctx.device)
 
-    def train_step(self, step: int, stop: bool = False) -> StepResult:
-        """One optimizer step over this rank's micro-batches of global batch `step`.
-
-        stop: this rank was asked to stop; the token-count all-reduce tells every rank whether
-        any was, and then none trains this step (the result has stopped=True).
-        """
-        device = self.ctx.device
-        clock = StepClock(device)
-        debug = self.cfg.debug
-        if debug.raise_at_step == step + 1 and debug.raise_on_rank == self.ctx.rank:
-            raise RuntimeError(
-                f"debug.raise_at_step={step + 1}: rank {self.ctx.rank} raises on purpose"
-            )
-        with clock.section("data"):
-            batches = self._micro_batches(step)
-            # Counted once, on the CPU copies: no device sync per micro-batch in the loop below.
-            micro_valid = [valid_tokens(t) for _, t in batches]
-        with clock.section("comm"):
-            tokens = all_reduce_token_counts(sum(micro_valid), self.positions, device, stop)
-        lr = self.engine.lr
-        if tokens.stop:
-            return replace(self._result(step, None, tokens, None, lr, clock.stop()), stopped=True)
-        if tokens.total == 0:
-            # Every rank sees the same total, so every rank skips together: no hang, no NaN.
-            log.warning(f"step {step + 1}: the global batch has no valid target token; skipped.")
-            return self._result(step, None, tokens, None, lr, clock.stop())
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        broken = self.cfg.debug.broken_normalization
-        for m, (inputs, targets) in enumerate(batches):
-            inputs, targets = inputs.to(device), targets.to(device)
-            with self.engine.accumulation_context(sync=m == len(batches) - 1):
-                with self.engine.autocast():
-                    logits = self.engine.model(inputs)
-                micro_sum = token_loss_sum(logits, targets)
-                self.engine.backward(
-                    micro_loss(
-                        micro_sum,
-                        tokens,
-                        self.engine.grad_divisor,
-                        micro_valid=micro_valid[m],
-                        grad_accum=self.split.grad_accum,
-                        broken_normalization=broken,
-                    )
-                )
-            loss_sum += micro_sum.detach().double()
-        grad_norm = self.engine.step()
-        if dist.is_initialized() and self.ctx.world_size > 1:
-            with clock.section("comm"):
-                dist.all_reduce(loss_sum)  # for the logged global token mean only
-        loss = float(loss_sum) / tokens.total
-        return self._result(step, loss, tokens, grad_norm, lr, clock.stop())
-
-    @staticmethod
-    def _result(
-        step: int,
-        loss: float | None,
-        tokens: StepTokens,
-        grad_norm: float | None,
-        lr: float,
-        t: StepTimes,
+    def train_step(
+        self, step: int, stop: bool = False, carry: StepResult | None = None
     ) -> StepResult:
-        return StepResult(step, loss, tokens, grad_norm, lr, t.total_s, t.data_s, t.comm_s)
+        """Queue one optimizer step over this rank's micro-batches of global batch `step`.
 
-    def train(
-        self, stop: StopFlag | None = None, after_step: Callable[[int], None] | None = None
-    ) -> bool:
-        """Train up to train.steps; False when the ranks agreed to stop early (a stop signal).
-
-        after_step(n) runs on every rank after step n (1-based) is logged: periodic checkpoints.
+        stop: this rank was asked to stop; the counts all-reduce tells every rank whether any
+        was, and then none trains this step (the result has stopped=True).
+        carry: the previous step, whose summed loss rides on this step's all-reduce; its
+        global_loss_sum is set here.
         """
-        while self.step < self.cfg.train.steps:
-            result = self.train_step(self.step, stop=stop is not None and stop.requested)
-            if result.stopped:
-                return False
-            self.step += 1
-            self.tracker.log_step(result.metrics(self.split))
-            if after_step is not None:
-                after_step(self.step)
-            if self.cfg.debug.step_sleep_s:
-                time.sleep(self.cfg.debug.step_sleep_s)  # test-only: time to signal a run mid-way
+        device, engine = self.ctx.device, self.engine
+        clock = StepClock()
+        with clock.section("data"):
+            work = self.batches.get(step, prefetch_next=step + 1 < self.cfg.train.steps)
+            batches = [
+                (i.to(device, non_blocking=True), t.to(device, non_blocking=True))
+                for i, t in work.batches
+            ]
+        carried = carry.loss_sum if carry is not None and carry.global_loss_sum is None else None
+        with clock.section("comm"):
+            counts = self.counts(sum(work.valid), stop, carried, device)
+        lr, rng = engine.lr, _rng_state(device)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        scale: torch.Tensor | float | None = None
+        for m, (inputs, targets) in enumerate(batches):
+            with engine.accumulation_context(sync=m == len(batches) - 1):
+                with engine.autocast():
+                    logits = engine.model(inputs)
+                micro_sum = token_loss_sum(logits, targets)
+                if scale is None:  # the first forward ran while the counts were in flight
+                    with clock.section("comm"):
+                        scale = counts.scale(engine.grad_divisor)
+                context = MicroLossContext(scale, work.valid[m], self.split.grad_accum)
+                engine.backward(self.loss_fn(micro_sum, context))
+            loss_sum += micro_sum.detach().double()
+        with clock.section("comm"):
+            tokens, global_sum = counts.read(self.positions)  # the host wait of the step
+        if carried is not None and carry is not None:
+            carry.global_loss_sum = global_sum
+        if tokens.stop or tokens.total == 0:
+            # Every rank sees the same vector, so every rank decides alike: no hang, no NaN.
+            # The gradients just computed are not applied (with no valid token they are zeros);
+            # the RNG goes back to where a step that never ran would leave it.
+            _set_rng_state(rng, device)
+            if not tokens.stop:
+                log.warning(
+                    f"step {step + 1}: the global batch has no valid target token; skipped."
+                )
+            return StepResult(step, tokens, lr, clock.stop(), stopped=tokens.stop)
+        grad_norm = engine.step()
+        one_rank = self.ctx.world_size == 1
+        result = StepResult(step, tokens, lr, clock.stop(), loss_sum, grad_norm)
+        result.global_loss_sum = loss_sum if one_rank else None
+        return result
+
+    def advance(self, stop: bool = False) -> bool:
+        """One step of `train`: run it, log the previous one; False when the ranks stopped."""
+        for callback in self.callbacks:
+            callback.before_step(self.step + 1)
+        carry, self.pending = self.pending, None
+        result = self.train_step(self.step, stop, carry)
+        if carry is not None:
+            self.tracker.log_step(carry.metrics())
+        if result.stopped:
+            return False
+        self.step += 1
+        self.pending = result
+        for callback in self.callbacks:
+            callback.after_step(self.step)
         return True
+
+    def flush(self) -> None:
+        """Log the step still in flight. Collective: every rank calls it at the same point."""
+        result, self.pending = self.pending, None
+        if result is None:
+            return
+        if result.global_loss_sum is None and result.loss_sum is not None:
+            result.global_loss_sum = self.reduce_loss(result.loss_sum)
+        self.tracker.log_step(result.metrics())
+
+    def train(self, stop: StopRequest | None = None) -> bool:
+        """Train up to train.steps; False when the ranks agreed to stop early (a stop signal)."""
+        try:
+            while self.step < self.cfg.train.steps:
+                if not self.advance(stop is not None and stop.requested):
+                    return False
+            self.flush()
+            return True
+        finally:
+            self.batches.close()

@@ -2,7 +2,7 @@
 the whole global batch, whatever the split into ranks and micro-batches.
 
 Per step, each rank counts the valid tokens of all its micro-batches; one all-reduce gives every
-rank every rank's count. Each micro-batch then backpropagates
+rank every rank's count (on the device: StepCounts). Each micro-batch then backpropagates
 
     sum of its token losses / global valid tokens * grad_divisor
 
@@ -12,7 +12,9 @@ Summed over micro-batches and ranks this is exactly the gradient of the global t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,40 +56,102 @@ class StepTokens:
         return 1.0 - self.total / self.positions if self.positions else 0.0
 
 
+@dataclass(frozen=True)
+class MicroLossContext:
+    """What a loss function may use besides one micro-batch's summed token loss."""
+
+    scale: torch.Tensor | float
+    """grad_divisor / the step's global valid-token count (a device tensor with several ranks:
+    the count is all-reduced on the device and never read back for the loss)."""
+    micro_valid: int
+    """Valid target tokens of this micro-batch (counted on the CPU copy)."""
+    grad_accum: int
+
+
+LossFn = Callable[[torch.Tensor, MicroLossContext], torch.Tensor]
+"""(sum of a micro-batch's token losses, context) -> the quantity it backpropagates."""
+
+
+def token_exact_loss(loss_sum: torch.Tensor, ctx: MicroLossContext) -> torch.Tensor:
+    """The one rule: sum of the micro-batch's token losses / global valid tokens x grad_divisor."""
+    return loss_sum * ctx.scale
+
+
+def per_micro_batch_mean(loss_sum: torch.Tensor, ctx: MicroLossContext) -> torch.Tensor:
+    """The known wrong answer, kept as the tests' negative control (debug.broken_normalization):
+    each micro-batch's own token mean divided by grad_accum, then averaged over ranks by the
+    engine."""
+    return loss_sum / max(ctx.micro_valid, 1) / ctx.grad_accum
+
+
+class StepCounts:
+    """The step's one small all-reduce, in flight: [valid tokens of each rank..., stop, loss].
+
+    The vector lives on the device. Slot `world` carries this rank's stop request (so the ranks
+    agree on a graceful stop without a collective of its own); slot `world + 1` carries this
+    rank's summed token loss of the previous step (so the logged loss needs no collective of its
+    own either). The all-reduce is started asynchronously: the first forward runs while it is in
+    flight. `scale` waits for it in the stream (on a GPU the host does not wait; gloo's wait is
+    the host's); `read` is the host wait.
+    """
+
+    def __init__(
+        self, local_valid: int, stop: bool, carry: torch.Tensor | None, device: torch.device
+    ) -> None:
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.local = (local_valid, stop, carry)
+        self.vector: torch.Tensor | None = None
+        self._work: Any = None
+        if self.world == 1:
+            return
+        vector = torch.zeros(self.world + 2, dtype=torch.float64, device=device)
+        vector[dist.get_rank()] = local_valid
+        vector[self.world] = float(stop)
+        if carry is not None:
+            vector[self.world + 1] = carry
+        self._work = dist.all_reduce(vector, async_op=True)
+        self.vector = vector
+
+    def _arrived(self) -> torch.Tensor:
+        assert self.vector is not None
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        return self.vector
+
+    def scale(self, grad_divisor: float) -> torch.Tensor | float:
+        """grad_divisor / global valid tokens (1 token when there are none: the step is skipped,
+        every micro-batch's sum is 0, and nothing is NaN)."""
+        if self.vector is None:
+            return grad_divisor / max(self.local[0], 1)
+        total = self._arrived()[: self.world].sum().clamp(min=1.0)
+        return (grad_divisor / total).to(torch.float32)
+
+    def read(self, positions: int) -> tuple[StepTokens, torch.Tensor | float | None]:
+        """Host wait: the counts, the agreed stop, and the global loss sum carried along."""
+        if self.vector is None:
+            valid, stop, carry = self.local
+            return StepTokens((valid,), positions, stop), carry
+        values = self._arrived().tolist()
+        counts = tuple(int(c) for c in values[: self.world])
+        return StepTokens(counts, positions, values[self.world] > 0), values[self.world + 1]
+
+
 def all_reduce_token_counts(
     local_valid: int, positions: int, device: torch.device, stop: bool = False
 ) -> StepTokens:
     """One all-reduce of a world-sized vector: every rank learns every rank's valid-token count.
 
     (A scalar SUM would give the total only; the vector costs the same one collective and also
-    gives the per-rank minimum and maximum that are logged.) One extra slot carries this rank's
-    stop request, so the ranks agree on a graceful stop without a collective of its own.
+    gives the per-rank minimum and maximum that are logged.)
     """
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return StepTokens((local_valid,), positions, stop)
-    world = dist.get_world_size()
-    counts = torch.zeros(world + 1, dtype=torch.float64, device=device)
-    counts[dist.get_rank()] = local_valid
-    counts[world] = float(stop)
-    dist.all_reduce(counts)
-    values = counts.tolist()
-    return StepTokens(tuple(int(c) for c in values[:world]), positions, values[world] > 0)
+    return StepCounts(local_valid, stop, None, device).read(positions)[0]
 
 
-def micro_loss(
-    loss_sum: torch.Tensor,
-    tokens: StepTokens,
-    grad_divisor: float,
-    *,
-    micro_valid: int = 0,
-    grad_accum: int = 1,
-    broken_normalization: bool = False,
-) -> torch.Tensor:
-    """The quantity one micro-batch backpropagates.
-
-    broken_normalization is the negative control (a per-micro-batch mean divided by grad_accum,
-    then averaged over ranks by the engine): tests use it to show they can tell the difference.
-    """
-    if broken_normalization:
-        return loss_sum / max(micro_valid, 1) / grad_accum
-    return loss_sum * (grad_divisor / tokens.total)
+def reduce_loss_sum(loss_sum: torch.Tensor) -> torch.Tensor:
+    """The global loss sum of a step whose sum cannot ride on a next step's counts (the last
+    step, or the one before a checkpoint): one all-reduce of its own."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        loss_sum = loss_sum.clone()
+        dist.all_reduce(loss_sum)
+    return loss_sum

@@ -1,8 +1,15 @@
 """One optimizer step's wall time, split into data, waiting on communication, and compute.
 
-What is measurable without a profiler: the time in the collectives the training loop issues
-itself (the per-step token-count all-reduce, which also absorbs waiting for the slowest rank,
-and the all-reduce of the logged loss), and the time building the step's micro-batches.
+No clock call synchronises with the device. A step is timed on the host from the moment the
+loop starts it to the moment its optimizer step is queued; in between the host waits once, for
+the step's counts all-reduce (launcher/training/loop.py), and on a GPU that wait also lasts until
+the device has finished the previous step. So in steady state the host's step time equals the
+device's, without a torch.cuda.synchronize of our own.
+
+What is measurable without a profiler: `data`, the time waiting for the step's micro-batches
+(built one step ahead on a background thread, so normally only the copy being queued), and
+`comm`, the time blocked in the loop's own collective (the counts all-reduce, which also absorbs
+waiting for the slowest rank, and on a GPU the device catching up) or in the final loss flush.
 Everything else is `compute`, including the engine's gradient reduction, which overlaps backward
 and cannot be separated from it by wall-clock timing.
 """
@@ -13,8 +20,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-
-import torch
 
 
 @dataclass(frozen=True)
@@ -31,30 +36,19 @@ class StepTimes:
 class StepClock:
     """Started at the top of a step; `section` brackets data or communication; `stop` reads it."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self) -> None:
         self.start = time.perf_counter()
         self.spent = {"data": 0.0, "comm": 0.0}
-
-    def _sync(self) -> None:
-        # Kernels run asynchronously: wait for queued work so it is not booked to the section.
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     @contextmanager
     def section(self, name: str) -> Iterator[None]:
         if name not in self.spent:
             raise ValueError(f"unknown section {name!r}")
-        if name == "comm":
-            self._sync()
         began = time.perf_counter()
         try:
             yield
         finally:
-            if name == "comm":
-                self._sync()
             self.spent[name] += time.perf_counter() - began
 
     def stop(self) -> StepTimes:
-        self._sync()
         return StepTimes(time.perf_counter() - self.start, self.spent["data"], self.spent["comm"])

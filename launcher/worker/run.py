@@ -6,7 +6,6 @@ import random
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -29,8 +28,10 @@ from launcher.recompute.measure import activation_report
 from launcher.recompute.policies import apply_recompute
 from launcher.rundir import clear_stopped, rank_error_file, read_stopped
 from launcher.secrets import redact
+from launcher.tracking.summary import RunEnd, RunShape, StoppedRun
 from launcher.tracking.tracker import peak_memory_bytes, start_tracking
 from launcher.training.loop import Trainer
+from launcher.worker.debug import debug_callbacks, loss_function
 from launcher.worker.evaluate import exact_match
 from launcher.worker.stop import (
     StopFlag,
@@ -75,7 +76,7 @@ def build_model(cfg: RootConfig) -> nn.Module:
 
 def train_rank(
     cfg: RootConfig, run_dir: Path, ctx: DistContext, stop: StopFlag | None = None
-) -> dict[str, Any]:
+) -> RunEnd:
     check_world_size(ctx, cfg.parallel.dp, cfg.parallel.nodes)
     split = cfg.split()
     model = build_model(cfg)
@@ -85,19 +86,19 @@ def train_rank(
     torch.manual_seed(cfg.train.seed + 1_000_003 * (ctx.rank + 1))
     dataset = build_dataset(cfg.data, cfg.model.seq_len, cfg.train.seed)
     tracker = start_tracking(cfg, run_dir, ctx)
-    trainer = Trainer(cfg, ctx, engine, dataset, tracker)
+    trainer = Trainer(cfg, ctx, engine, dataset, tracker, loss_fn=loss_function(cfg))
     checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
+    # Checkpoints first: a test's pause after a step comes once the step is saved.
+    trainer.callbacks = [checkpoints, *debug_callbacks(cfg, ctx.rank)]
     try:
         resumed = checkpoints.resume(restarted=restart_attempt() > 0 or requeued_by_slurm())
-        if not trainer.train(stop, after_step=checkpoints.after_step):
+        if resumed is not None:
+            trainer.continue_from(resumed.step, resumed.totals)
+        if not trainer.train(stop):
             # Every rank agreed to stop at this step boundary: save, mark, exit 75.
             saved = checkpoints.stop(stop.signal_name if stop is not None else None)
             tracker.close(STOPPED_RESUMABLE)
-            return {
-                "status": "stopped",
-                "steps": trainer.step,
-                "checkpoint": str(saved) if saved else None,
-            }
+            return StoppedRun(trainer.step, str(saved) if saved else None)
         checkpoints.save_final()
     except BaseException as exc:
         # End the wandb run now (a stop with STOPPED_RESUMABLE shows as preempted).
@@ -110,44 +111,41 @@ def train_rank(
         activation_report(cfg, engine.module, probe_inputs, probe_targets) if ctx.is_main else {}
     )
     accuracy = exact_match(engine.module, dataset.eval_problems(), cfg.model.seq_len, ctx.device)
-    totals = tracker.totals
-    summary: dict[str, Any] = {
-        "steps": trainer.step,
-        "final_loss": totals.final_loss,
-        "tokens": totals.tokens,
-        "tokens_per_s": totals.tokens / totals.seconds if totals.seconds > 0 else 0.0,
-        "train_seconds": totals.seconds,
-        "peak_memory_bytes": peak_memory,
-        "world_size": ctx.world_size,
-        "dp": split.dp,
-        "micro_size": split.micro_size,
-        "grad_accum": split.grad_accum,
-        "global_size": split.global_size,
-        "engine": cfg.engine.name.value,
-        "ac": cfg.ac.policy.value,
-        "eval_accuracy": accuracy,
-        "status": "completed",
-        "resumed_from_step": resumed.step if resumed is not None else None,
-        **activations,
-    }
+    shape = RunShape(
+        world_size=ctx.world_size,
+        dp=split.dp,
+        micro_size=split.micro_size,
+        grad_accum=split.grad_accum,
+        global_size=split.global_size,
+        engine=cfg.engine.name.value,
+        ac=cfg.ac.policy.value,
+    )
+    summary = tracker.summary(
+        shape,
+        peak_memory=peak_memory,
+        eval_accuracy=accuracy,
+        resumed_from_step=resumed.step if resumed is not None else None,
+        activations=activations,
+    )
     tracker.finish(summary)
     if ctx.is_main:
         acc = f", eval exact-match {accuracy:.3f}" if accuracy is not None else ""
+        loss = summary.final_loss
         log.info(
-            f"done: {trainer.step} steps, final loss {totals.final_loss:.4f}, "
-            f"{summary['tokens_per_s']:,.0f} tokens/s{acc}. Outputs in {run_dir}"
+            f"done: {trainer.step} steps, final loss {loss if loss is None else f'{loss:.4f}'}, "
+            f"{summary.tokens_per_s:,.0f} tokens/s{acc}. Outputs in {run_dir}"
         )
     return summary
 
 
-def run_worker(cfg: RootConfig, run_dir: Path) -> dict[str, Any]:
+def run_worker(cfg: RootConfig, run_dir: Path) -> RunEnd:
     """Everything one rank does; the process group is destroyed whatever happens.
 
-    Returns the summary; status "stopped" means a stop signal ended it early after a checkpoint.
+    Returns the summary, or a StoppedRun when a stop signal ended it early after a checkpoint.
     """
     if restart_attempt() > 0 and read_stopped(run_dir) is not None:
         # torchrun restarts ranks that exit non-zero; after a deliberate stop nothing may train.
-        return {"status": "stopped"}
+        return StoppedRun()
     with stop_on_signals() as stop:
         ctx = init_distributed(cfg.train.device)
         setup_logging(ctx.rank)
@@ -167,5 +165,4 @@ def run_worker(cfg: RootConfig, run_dir: Path) -> dict[str, Any]:
 
 def run_in_process(cfg: RootConfig, run_dir: Path) -> int:
     """Run this process as the job's only rank (or as one torchrun rank); the exit status."""
-    summary = run_worker(cfg, run_dir)
-    return STOPPED_RESUMABLE if summary.get("status") == "stopped" else 0
+    return run_worker(cfg, run_dir).exit_status

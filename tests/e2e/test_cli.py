@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,101 @@ def test_plan_never_touches_a_run_that_has_started(tmp_path: Path) -> None:
     proc = run_launch(["plan", "train.steps=4", *FAST], run_dir, check=False)
     assert proc.returncode == 2 and "hydra.run.dir" in proc.stderr
     assert (run_dir / "config.yaml").read_text() == config_before
+
+
+# Issue 17, item 1: Hydra's raw errors (several lines, advice to add `+`) in the launcher's words.
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        (
+            "batch.grad_acum=2",
+            "error: batch.grad_acum: no such key. Fix: did you mean batch.grad_accum?",
+        ),
+        ("parallel.dp=two", "error: parallel.dp: 'two' is not a whole number. Fix:"),
+        ("train.precision=fp8", "Fix: use one of: fp32, bf16, fp16."),
+        ("model=huge", "error: model: no option 'huge'"),
+        ("experiment=accumulation", "Fix: add it with +experiment=accumulation."),
+        ("engine.extra.foo=1", "Fix: add it with +engine.extra.foo=1."),
+        ("batch.grad_accum=1,2", "error: batch.grad_accum: several values (1,2) without -m."),
+        ("x=[1", "cannot be read as an override"),
+    ],
+)
+def test_hydra_errors_are_one_line_in_the_launchers_words(
+    tmp_path: Path, override: str, line: str
+) -> None:
+    run_dir = tmp_path / "run"
+    for command in ("plan", "train"):
+        proc = run_launch([command, override], run_dir, check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+        assert line in proc.stderr
+        assert " Fix: " in proc.stderr and "Traceback" not in proc.stderr
+        assert "To append to your config use" not in proc.stderr + proc.stdout
+        assert not run_dir.exists()
+
+
+def test_a_bad_key_in_a_sweep_fails_before_any_point_runs(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = run_launch(
+        ["train", "-m", "batch.grad_accum=1,2", "optim.lrr=0.1", f"hydra.sweep.dir={sweep_dir}"],
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: optim.lrr: no such key. Fix: did you mean optim.lr?")
+    assert not sweep_dir.exists()
+    bad_value = run_launch(
+        ["plan", "-m", "train.precision=fp32,fp8", f"hydra.sweep.dir={sweep_dir}"], check=False
+    )
+    assert bad_value.returncode == 2 and "'fp8'" in bad_value.stderr
+    assert not sweep_dir.exists()
+
+
+def test_plus_keeps_adding_experiments_and_sweeps(tmp_path: Path) -> None:
+    out = run_launch(["train", "--cfg", "job", "+experiment=accumulation"]).stdout
+    assert "steps: 40" in out
+    out = run_launch(["plan", "+sweep=splits", "--cfg", "hydra", "-p", "hydra.sweeper"]).stdout
+    assert "parallel.dp" in out
+
+
+# Issue 17, item 2: `launch train --help` named Hydra ("cli is powered by Hydra") and no key.
+def test_help_lists_keys_with_their_documentation_groups_and_exit_statuses() -> None:
+    for command in ("train", "plan"):
+        out = run_launch([command, "--help"]).stdout
+        assert out.startswith(f"launch {command} ") and "powered by Hydra" not in out
+        assert (
+            "batch.grad_accum=null" in out and "Micro-batches per rank per optimizer step." in out
+        )
+        assert "train.precision=fp32" in out and "model=" not in out.split("config keys")[0][:40]
+        assert "model       gpt2, small, *tiny" in out
+        assert "exit status:" in out and "\n  75  " in out and "\n  2   " in out
+    # The values shown are those of the config the overrides compose.
+    assert "model.n_layer=6 " in run_launch(["train", "--help", "model=small"]).stdout
+    assert "Hydra" in run_launch(["train", "--hydra-help"]).stdout
+
+
+# Issue 17, item 7: an empty hydra.run.dir wrote the run into the current directory.
+def test_an_empty_run_directory_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    from tests.helpers import LAUNCH, REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    for override in ("hydra.run.dir=", "hydra.run.dir=''", "hydra.run.dir=' '"):
+        proc = subprocess.run(
+            [*LAUNCH, "plan", override], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("error: hydra.run.dir: is empty") and "Fix:" in proc.stderr
+        assert list(tmp_path.iterdir()) == []  # no .hydra/, config.yaml or plan.json here
+
+
+# Issue 17, item 12: optim.lr=nan failed in torch after config.yaml and plan.json were written;
+# optim.grad_clip=nan trained to a NaN loss and was reported as "holds a credential".
+@pytest.mark.parametrize("override", ["optim.lr=nan", "optim.lr=inf", "optim.grad_clip=nan"])
+def test_non_finite_numbers_fail_before_anything_is_written(tmp_path: Path, override: str) -> None:
+    run_dir = tmp_path / "run"
+    for command in ("plan", "train"):
+        proc = run_launch([command, override, *FAST], run_dir, check=False)
+        key = override.split("=")[0]
+        assert proc.returncode == 2
+        assert proc.stderr.startswith(f"error: {key}: must be a finite number"), proc.stderr
+        assert "credential" not in proc.stderr and "Traceback" not in proc.stderr
+        assert not (run_dir / "config.yaml").exists() and not (run_dir / "plan.json").exists()

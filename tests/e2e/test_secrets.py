@@ -68,3 +68,22 @@ def test_a_sweep_leaves_no_credential_in_hydra_files_or_the_summary(tmp_path: Pa
     files = [p for p in sweep_dir.rglob("*") if p.is_file()]
     assert any(p.name == "multirun.yaml" for p in files)
     assert [p for p in files if sentinel.encode() in p.read_bytes()] == []
+
+
+def test_a_token_in_an_apptainer_setup_line_is_refused(tmp_path: Path) -> None:
+    """Issue 17, item 11: `export HF_TOKEN=...` was refused, `--env=HF_TOKEN=...` written."""
+    run_dir = tmp_path / "run"
+    sentinel = "hf_apptainersentinel0123"
+    proc = run_launch(
+        [
+            "plan",
+            "cluster=slurm",
+            f"cluster.setup=['apptainer exec --env=HF_TOKEN={sentinel} img.sif true']",
+        ],
+        run_dir,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: cluster.setup[0]: would write a credential")
+    assert sentinel not in proc.stdout + proc.stderr
+    assert not (run_dir / "train.sbatch").exists()

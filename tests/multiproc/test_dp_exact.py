@@ -1,5 +1,6 @@
 """Two real gloo ranks: the token-exact loss across ranks and micro-batches, one gradient sync per
-step, one token-count all-reduce per step, and a step with no valid token skipped everywhere."""
+step, one small all-reduce of the loop's own per step (token counts, stop flag and the previous
+step's loss together), and a step with no valid token skipped everywhere."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-import launcher.training.loop as loop_module
 from launcher.data import build_dataset
 from launcher.data.sequence import IGNORE_INDEX, Sample
+from launcher.training.loss import LossFn, per_micro_batch_mean, token_exact_loss
 from tests.harness import (
     build_trainer,
     free_port,
@@ -49,12 +50,12 @@ def _in_group(work: Any, rank: int, port: int, *args: Any) -> None:
         dist.destroy_process_group()
 
 
-def _gradient_rank(rank: int, port: int, out: str, sections: dict) -> None:
-    _in_group(_gradient_work, rank, port, out, sections)
+def _gradient_rank(rank: int, port: int, out: str, sections: dict, loss_fn: LossFn) -> None:
+    _in_group(_gradient_work, rank, port, out, sections, loss_fn)
 
 
-def _gradient_work(ctx: Any, rank: int, out: str, sections: dict) -> None:
-    trainer = build_trainer(make_config(**sections), ctx, Path(out))
+def _gradient_work(ctx: Any, rank: int, out: str, sections: dict, loss_fn: LossFn) -> None:
+    trainer = build_trainer(make_config(**sections), ctx, Path(out), loss_fn=loss_fn)
     grads = record_gradients(trainer)
     trainer.train_step(0)
     torch.save(grads[0], Path(out) / f"grad_rank{rank}.pt")
@@ -62,15 +63,14 @@ def _gradient_work(ctx: Any, rank: int, out: str, sections: dict) -> None:
 
 def test_dp2_accum3_gradient_equals_single_process(tmp_path: Path) -> None:
     split = {"parallel": {"dp": 2}, "batch": {"global_size": 12, "grad_accum": 3}}
-    _spawn(_gradient_rank, str(tmp_path), split)
+    _spawn(_gradient_rank, str(tmp_path), split, token_exact_loss)
     reference = one_step_gradient(make_config(batch={"global_size": 12}), tmp_path)
     for rank in range(WORLD):
         grad = torch.load(tmp_path / f"grad_rank{rank}.pt")
         assert relative_error(grad, reference) < 1e-5
 
     # Negative control on the same data: mean of per-micro-batch, per-rank means.
-    broken = {**split, "debug": {"broken_normalization": True}}
-    _spawn(_gradient_rank, str(tmp_path), broken)
+    _spawn(_gradient_rank, str(tmp_path), split, per_micro_batch_mean)
     wrong = torch.load(tmp_path / "grad_rank0.pt")
     assert relative_error(wrong, reference) > 1e-3
 
@@ -80,42 +80,51 @@ def _count_rank(rank: int, port: int, out: str, accum: int) -> None:
 
 
 def _count_work(ctx: Any, rank: int, out: str, accum: int) -> None:
-    counts = {"gradient_allreduce": 0, "token_count": 0}
-    real_count = loop_module.all_reduce_token_counts
-    try:
-        trainer = build_trainer(
-            make_config(parallel={"dp": 2}, batch={"global_size": 16, "grad_accum": accum}),
-            ctx,
-            Path(out),
-        )
+    counts = {"gradient_allreduce": 0, "step_counts": 0, "loss_flush": 0}
+    cfg = make_config(parallel={"dp": 2}, batch={"global_size": 16, "grad_accum": accum})
+    trainer = build_trainer(cfg, ctx, Path(out))
 
-        # No annotations: DDP checks them at runtime and this module postpones their evaluation.
-        def counting_hook(state, bucket):  # type: ignore[no-untyped-def]
-            counts["gradient_allreduce"] += 1
-            return allreduce_hook(state, bucket)
+    # No annotations: DDP checks them at runtime and this module postpones their evaluation.
+    def counting_hook(state, bucket):  # type: ignore[no-untyped-def]
+        counts["gradient_allreduce"] += 1
+        return allreduce_hook(state, bucket)
 
-        trainer.engine.model.register_comm_hook(None, counting_hook)  # type: ignore[operator]
+    trainer.engine.model.register_comm_hook(None, counting_hook)  # type: ignore[operator]
+    real_counts = trainer.counts
 
-        def counting_tokens(*args: Any, **kwargs: Any) -> Any:
-            counts["token_count"] += 1
-            return real_count(*args, **kwargs)
+    def counting_counts(*args: Any) -> Any:
+        counts["step_counts"] += 1
+        return real_counts(*args)
 
-        loop_module.all_reduce_token_counts = counting_tokens  # type: ignore[assignment]
-        for step in range(2):
-            trainer.train_step(step)
-        if rank == 0:
-            (Path(out) / f"counts_accum{accum}.json").write_text(json.dumps(counts))
-    finally:
-        loop_module.all_reduce_token_counts = real_count  # type: ignore[assignment]
+    trainer.counts = counting_counts  # this trainer's own collective, counted
+    for _ in range(3):
+        trainer.advance()
+    per_step = dict(counts)
+    real_reduce = trainer.reduce_loss
+
+    def counting_reduce(*args: Any) -> Any:
+        counts["loss_flush"] += 1
+        return real_reduce(*args)
+
+    trainer.reduce_loss = counting_reduce
+    trainer.flush()  # the last step's loss has no next step to ride on
+    logged = trainer.tracker.totals
+    if rank == 0:
+        record = {**per_step, "loss_flush": counts["loss_flush"], "logged": logged.steps}
+        (Path(out) / f"counts_accum{accum}.json").write_text(json.dumps(record))
 
 
-def test_one_gradient_sync_and_one_token_count_per_step(tmp_path: Path) -> None:
+def test_one_gradient_sync_and_one_small_all_reduce_per_step(tmp_path: Path) -> None:
     for accum in (1, 4):
         _spawn(_count_rank, str(tmp_path), accum)
     one = json.loads((tmp_path / "counts_accum1.json").read_text())
     four = json.loads((tmp_path / "counts_accum4.json").read_text())
     assert one["gradient_allreduce"] == four["gradient_allreduce"] > 0
-    assert one["token_count"] == four["token_count"] == 2  # once per step, 2 steps
+    # Counts, stop flag and the previous step's loss: one collective per step, 3 steps...
+    assert one["step_counts"] == four["step_counts"] == 3
+    # ...and the last step's loss, reduced alone when it is flushed.
+    assert one["loss_flush"] == four["loss_flush"] == 1
+    assert one["logged"] == four["logged"] == 3
 
 
 class _EmptyStepDataset:
@@ -145,15 +154,20 @@ def _empty_step_work(ctx: Any, rank: int, out: str) -> None:
     cfg = make_config(parallel={"dp": 2}, batch={"global_size": 8, "grad_accum": 2})
     data = _EmptyStepDataset(build_dataset(cfg.data, cfg.model.seq_len, 0), 8)
     trainer = build_trainer(cfg, ctx, Path(out), dataset=data)
-    results = []
+    steps, unchanged = [], []
+    previous = None
     for step in range(3):
         before = [p.detach().clone() for p in trainer.engine.module.parameters()]
-        r = trainer.train_step(step)
-        unchanged = all(
-            torch.equal(a, p)
-            for a, p in zip(before, trainer.engine.module.parameters(), strict=True)
-        )
-        results.append({"loss": r.loss, "tokens": r.tokens.total, "unchanged": unchanged})
+        previous = trainer.train_step(step, carry=previous)  # its loss rides on the next step
+        steps.append(previous)
+        after = trainer.engine.module.parameters()
+        unchanged.append(all(torch.equal(a, p) for a, p in zip(before, after, strict=True)))
+    trainer.pending = previous
+    trainer.flush()  # the last step's loss
+    results = [
+        {"loss": r.loss, "tokens": r.tokens.total, "unchanged": same}
+        for r, same in zip(steps, unchanged, strict=True)
+    ]
     (Path(out) / f"empty_rank{rank}.json").write_text(json.dumps(results))
 
 

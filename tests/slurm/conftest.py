@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import shutil
 import subprocess
@@ -24,31 +26,56 @@ JOB = [
 ]
 
 
-def cluster_nodes() -> int:
-    """Nodes that `sinfo` reports up (0: no cluster answers)."""
+PROBE_TIMEOUT_S = 3.0
+"""A controller that answers at all answers `sinfo` within a second; without one, sinfo retries for
+its MessageTimeout (about 9 s here) before it fails. Wait this long, once per test session."""
+
+
+@functools.cache
+def cluster_probe() -> tuple[int, str]:
+    """(nodes up, why none) from one `sinfo` per test session; 0 nodes: skip, with the reason.
+
+    sinfo reads SLURM_CONF when it is set (the environment is passed through), else
+    /etc/slurm/slurm.conf; with neither file there is no cluster to ask.
+    """
     if shutil.which("sinfo") is None:
-        return 0
+        return 0, "sinfo is not on PATH"
+    conf = os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    if not Path(conf).is_file():
+        return 0, f"no SLURM config at {conf} (SLURM_CONF)"
     try:
         proc = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=15
+            ["sinfo", "-h", "-N", "-o", "%N %T"],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
+    except subprocess.TimeoutExpired:
+        return 0, f"`sinfo` did not answer within {PROBE_TIMEOUT_S:g} s (no controller running?)"
+    except OSError as exc:
+        return 0, f"`sinfo` could not run ({exc})"
     if proc.returncode != 0:
-        return 0
-    return sum(
+        detail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        return 0, f"`sinfo` failed: {detail}"
+    nodes = sum(
         1
         for line in proc.stdout.splitlines()
         if line.split()[-1:] and "down" not in line and "drain" not in line
     )
+    return nodes, "" if nodes else "`sinfo` reports no node up"
+
+
+def cluster_nodes() -> int:
+    """Nodes that `sinfo` reports up (0: no cluster answers); probed once per test session."""
+    return cluster_probe()[0]
 
 
 @pytest.fixture(scope="session")
 def slurm_nodes() -> int:
-    nodes = cluster_nodes()
+    nodes, why = cluster_probe()
     if not nodes:
         pytest.skip(
-            "no SLURM cluster answers `sinfo` (start one: SLURM_NODES=2 bash ../shared/slurm/start.sh)"
+            f"no SLURM cluster: {why} (start one: SLURM_NODES=2 bash ../shared/slurm/start.sh)"
         )
     return nodes
 

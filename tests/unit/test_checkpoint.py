@@ -14,15 +14,9 @@ import pytest
 import torch
 
 from launcher.checkpoint.checkpointer import Checkpointer
+from launcher.checkpoint.compat import check_compatible, fingerprint
 from launcher.checkpoint.dcp import SafeReader
-from launcher.checkpoint.files import (
-    MARKER,
-    check_compatible,
-    check_resume,
-    find_checkpoints,
-    fingerprint,
-    start_fresh,
-)
+from launcher.checkpoint.files import MARKER, check_resume, find_checkpoints, start_fresh
 from launcher.config.root import RootConfig
 from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.errors import ConfigError
@@ -104,9 +98,10 @@ def test_resume_continues_the_same_trajectory_bitwise(ctx: DistContext, tmp_path
     )
     trainer = build_trainer(resumed_cfg, ctx, tmp_path)
     checkpoints = Checkpointer(resumed_cfg, tmp_path, ctx, trainer)
-    ckpt = checkpoints.resume()
-    assert ckpt is not None and ckpt.step == 3 and trainer.step == 3
-    assert trainer.tracker.totals.steps == 3  # the run's totals so far come back too
+    resumed = checkpoints.resume()  # the state to continue from; the trainer is not touched
+    assert resumed is not None and resumed.step == 3 and trainer.step == 0
+    assert resumed.totals.steps == 3  # the run's totals so far come back too
+    trainer.continue_from(resumed.step, resumed.totals)
     assert train(trainer, checkpoints, 3) == straight[3:]
     assert trainer.tracker.totals.steps == 6
 
@@ -157,8 +152,8 @@ def test_a_checkpoint_that_fails_to_load_falls_back_to_the_previous(
     metadata = tmp_path / "checkpoints" / "step_4" / "engine" / ".metadata"
     metadata.write_bytes(b"\0" * metadata.stat().st_size)  # same size, so only loading can tell
     trainer = build_trainer(cfg, ctx, tmp_path)
-    ckpt = Checkpointer(cfg, tmp_path, ctx, trainer).resume()
-    assert ckpt is not None and ckpt.step == 2 and trainer.step == 2
+    resumed = Checkpointer(cfg, tmp_path, ctx, trainer).resume()
+    assert resumed is not None and resumed.step == 2
     assert any("step_4" in w for w in warnings_seen)
 
 
@@ -240,7 +235,7 @@ def test_settings_the_loaded_state_would_override_are_refused(
     tmp_path: Path, section: str, values: dict, key: str
 ) -> None:
     """The optimizer and scheduler states carry lr, betas and the schedule: a change would be lost."""
-    from launcher.checkpoint.files import check_compatible, fingerprint
+    from launcher.checkpoint.compat import check_compatible, fingerprint
     from launcher.config import to_root_config
     from launcher.errors import ConfigError
 
@@ -254,7 +249,7 @@ def test_settings_the_loaded_state_would_override_are_refused(
 
 
 def test_a_longer_run_may_resume_with_a_warning(tmp_path: Path) -> None:
-    from launcher.checkpoint.files import check_compatible, fingerprint
+    from launcher.checkpoint.compat import check_compatible, fingerprint
     from launcher.config import to_root_config
 
     saved = {"fingerprint": fingerprint(to_root_config({"train": {"steps": 3}})), "engine": "ddp"}

@@ -149,8 +149,11 @@ def test_extra_cannot_replace_our_optimizer_or_schedule(section: str) -> None:
 def test_planning_does_not_import_deepspeed() -> None:
     """`launch plan engine=deepspeed` stays fast: generating the config needs no deepspeed."""
     code = (
-        "import sys; from launcher.config import to_root_config; from launcher import commands; "
-        "commands.ds_config_json(to_root_config({'engine': {'name': 'deepspeed', 'zero_stage': 3}})); "
+        "import sys, pathlib; from launcher.config import to_root_config; "
+        "from launcher import commands; "
+        "cfg = to_root_config({'engine': {'name': 'deepspeed', 'zero_stage': 3}}); "
+        "runner = commands.runner_for(cfg); "
+        "assert 'ds_config.json' in commands.build_plan(cfg, pathlib.Path('.'), runner).files; "
         "sys.exit('deepspeed' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=TESTS.parent).returncode == 0

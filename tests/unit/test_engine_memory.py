@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.config import to_root_config
-from launcher.engines.state_memory import state_bytes_per_rank
+from launcher.engines import engine_spec
 
 P = 1_000_000  # parameters
 DP = 4
@@ -20,7 +20,7 @@ def per_rank(engine: dict, precision: str = "fp32") -> dict[str, int]:
             "wandb": {"mode": "disabled"},
         }
     )
-    return state_bytes_per_rank(cfg, P)
+    return engine_spec(cfg.engine.name).state_bytes(cfg, P)
 
 
 def test_ddp_replicates_everything() -> None:

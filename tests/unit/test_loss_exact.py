@@ -7,7 +7,13 @@ from pathlib import Path
 import torch
 
 from launcher.data import build_dataset
-from launcher.training.loss import StepTokens, micro_loss
+from launcher.training.loss import (
+    MicroLossContext,
+    StepTokens,
+    per_micro_batch_mean,
+    token_exact_loss,
+)
+from launcher.worker.debug import loss_function
 from tests.harness import make_config, one_step_gradient, relative_error
 
 TOLERANCE = 1e-5
@@ -31,10 +37,9 @@ def test_accumulation_equals_one_big_batch(tmp_path: Path) -> None:
 def test_negative_control_per_micro_batch_mean_differs(tmp_path: Path) -> None:
     big = one_step_gradient(make_config(batch={"global_size": 16, "grad_accum": 1}), tmp_path)
     wrong = one_step_gradient(
-        make_config(
-            batch={"global_size": 16, "grad_accum": 4}, debug={"broken_normalization": True}
-        ),
+        make_config(batch={"global_size": 16, "grad_accum": 4}),
         tmp_path,
+        loss_fn=per_micro_batch_mean,
     )
     assert relative_error(wrong, big) > 100 * TOLERANCE
 
@@ -42,9 +47,13 @@ def test_negative_control_per_micro_batch_mean_differs(tmp_path: Path) -> None:
 def test_micro_loss_scales() -> None:
     tokens = StepTokens((30, 10), positions=100)
     loss_sum = torch.tensor(8.0)
-    assert abs(float(micro_loss(loss_sum, tokens, grad_divisor=2.0)) - 8.0 * 2 / 40) < 1e-7
-    wrong = micro_loss(
-        loss_sum, tokens, 2.0, micro_valid=4, grad_accum=2, broken_normalization=True
-    )
-    assert abs(float(wrong) - 8.0 / 4 / 2) < 1e-7
+    context = MicroLossContext(scale=2.0 / tokens.total, micro_valid=4, grad_accum=2)
+    assert abs(float(token_exact_loss(loss_sum, context)) - 8.0 * 2 / 40) < 1e-7
+    assert abs(float(per_micro_batch_mean(loss_sum, context)) - 8.0 / 4 / 2) < 1e-7
     assert tokens.total == 40 and abs(tokens.padding_fraction - 0.6) < 1e-12
+
+
+def test_the_worker_installs_the_negative_control_only_when_asked() -> None:
+    assert loss_function(make_config()) is token_exact_loss
+    broken = make_config(debug={"broken_normalization": True})
+    assert loss_function(broken) is per_micro_batch_mean

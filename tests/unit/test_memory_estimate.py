@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from launcher.plan import build_plan
 from launcher.recompute.estimate import estimate_activations
 from launcher.recompute.measure import measure_micro_batch
 from launcher.recompute.policies import build_runner
+from launcher.runners import runner_for
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,8 +51,9 @@ def test_estimate_matches_the_cpu_measurement(policy: AcPolicy) -> None:
     )
 
 
-def test_plan_reports_every_policy_and_the_chosen_one() -> None:
-    plan = build_plan(config(AcPolicy.sqrt, n_layer=16))
+def test_plan_reports_every_policy_and_the_chosen_one(tmp_path: Path) -> None:
+    cfg = config(AcPolicy.sqrt, n_layer=16)
+    plan = build_plan(cfg, tmp_path, runner_for(cfg))
     assert list(plan.activation_estimates) == [p.value for p in AcPolicy]
     chosen = plan.activation_estimates["sqrt"]
     assert plan.memory_estimate["activations"] == chosen["activation_bytes"]

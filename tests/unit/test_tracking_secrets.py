@@ -130,3 +130,52 @@ def test_a_credential_key_hides_its_whole_value() -> None:
         "note": "pw: correct horse battery staple",
     }
     assert redact(data, env={}) == {"db": {"password": REDACTED}, "note": f"pw: {REDACTED}"}
+
+
+# Issue 17, item 11.
+def test_an_assignment_inside_another_is_found() -> None:
+    """`--env=HF_TOKEN=...` and `pw: PASSWORD=...`: the outer assignment hid the inner one."""
+    line = f"apptainer exec --env=HF_TOKEN={TOKEN} img.sif true"
+    assert redact(line, env={}) == f"apptainer exec --env=HF_TOKEN={REDACTED} img.sif true"
+    assert redact("pw: PASSWORD=hunter2hunter2", env={}) == f"pw: PASSWORD={REDACTED}"
+    assert redact("MONKEY=bananas1234 x_MONKEY=bananas1234", env={}) == (
+        "MONKEY=bananas1234 x_MONKEY=bananas1234"  # no credential name starts inside a word
+    )
+
+
+def test_a_short_assigned_secret_is_replaced_where_it_is_assigned() -> None:
+    """`PASSWORD=SECRET`, `--api-key=SECRET`: shorter than a value replaced everywhere, but
+    assigned with `=` or a flag, so a credential all the same."""
+    data = {"name": "x --api-key=SECRET", "note": "pw: PASSWORD=SECRET", "other": "SECRET"}
+    assert redact(data, env={}) == {
+        "name": f"x --api-key={REDACTED}",
+        "note": f"pw: PASSWORD={REDACTED}",
+        "other": "SECRET",  # a short word elsewhere is just a word
+    }
+    assert changed_keys(data, redact(data, env={})) == ["name", "note"]
+    assert redact("HF_TOKEN: not set", env={}) == "HF_TOKEN: not set"  # prose, not a value
+
+
+def test_a_shell_reference_is_not_a_secret() -> None:
+    for line in ("export HF_TOKEN=$HF_TOKEN", "apptainer exec --env=HF_TOKEN=${HF_TOKEN} i.sif"):
+        assert redact(line, env={}) == line
+
+
+def test_nan_is_no_credential() -> None:
+    """optim.grad_clip=nan was reported as "holds a credential": nan != nan."""
+    plain = {"optim": {"grad_clip": float("nan")}, "list": [float("nan")]}
+    assert changed_keys(plain, redactor_for(plain, env={}).data(plain)) == []
+    assert changed_keys({"a": float("nan")}, {"a": float("nan")}) == []
+
+
+def test_a_credential_in_an_apptainer_setup_line_is_refused(tmp_path: Path) -> None:
+    from launcher.errors import ConfigError
+    from launcher.runners.slurm import render_sbatch
+
+    line = f"apptainer exec --env=HF_TOKEN={TOKEN} img.sif true"
+    cfg = to_root_config({"cluster": {"name": "slurm", "setup": ["module load x", line]}})
+    with pytest.raises(ConfigError) as info:
+        render_sbatch(cfg, tmp_path)
+    assert info.value.keys == ["cluster.setup[1]"]
+    ok = to_root_config({"cluster": {"name": "slurm", "setup": [line.replace(TOKEN, "$HF_TOKEN")]}})
+    assert "--env=HF_TOKEN=$HF_TOKEN" in render_sbatch(ok, tmp_path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from launcher.config import to_root_config
 from launcher.config.wandb import WandbMode
 from launcher.errors import ConfigError
-from launcher.tracking.wandb_run import check_wandb, has_credentials, run_id
+from launcher.tracking.wandb_run import check_wandb, has_credentials, init_arguments, run_id
 
 
 @pytest.fixture
@@ -63,3 +64,29 @@ def test_run_id_is_stored_and_reused(tmp_path: Path) -> None:
     assert (tmp_path / "wandb" / "run_id.txt").read_text().strip() == first
     assert run_id(tmp_path) == first
     assert run_id(tmp_path / "other") != first
+
+
+def test_what_wandb_receives_is_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 17, item 11: wandb.name and wandb.tags reached the run file unredacted."""
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "envsecret0123456789")
+    argv = ["launch train", "wandb.group=g PASSWORD=argvpw12"]
+    monkeypatch.setattr(sys, "argv", argv)
+    cfg = to_root_config(
+        {
+            "wandb": {
+                "name": "x --api-key=SECRET",
+                "group": "g PASSWORD=argvpw12",
+                "tags": ["HF_TOKEN=hf_SECRETSECRET", "plain", "echo envsecret0123456789"],
+            }
+        }
+    )
+    user, secrets = init_arguments(cfg, tmp_path / "run", {"note": "PASSWORD=derived1"})
+    assert user["name"] == "x --api-key=REDACTED"
+    assert user["group"] == "g PASSWORD=REDACTED"
+    assert user["tags"] == ["HF_TOKEN=REDACTED", "plain", "echo REDACTED"]
+    assert user["config"]["wandb"]["name"] == "x --api-key=REDACTED"
+    assert user["config"]["derived"] == {"note": "PASSWORD=REDACTED"}
+    text = repr(user)
+    for secret in ("=SECRET", "argvpw12", "envsecret0123456789", "derived1"):
+        assert secret not in text, secret
+    assert secrets.data(argv)[1] == "wandb.group=g PASSWORD=REDACTED"  # what wandb records

@@ -1,0 +1,312 @@
+"""The command line's overrides, checked before Hydra composes anything, and Hydra's own errors
+in the launcher's words.
+
+`launch train batch.grad_acum=2` would otherwise print Hydra's multi-line text and its advice to
+add `+` (which the launcher then refuses). Here every override is checked against the typed
+schema (launcher/config/schema.py) and the config groups under conf/: an unknown key, a group
+option that does not exist, or a value of the wrong type is one ConfigError that names the key,
+suggests the nearest known key or option, and lists the valid choices. A sweep (`-m key=a,b`) is
+checked value by value, so a bad value fails before any point runs. What the checks here cannot
+see (a user's own config directory, values set inside YAML files) is still checked by Hydra, and
+`translate_hydra_error` turns its exception into the same one-line form.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from omegaconf import (
+    BooleanNode,
+    DictConfig,
+    EnumNode,
+    FloatNode,
+    IntegerNode,
+    ListConfig,
+    StringNode,
+)
+from omegaconf.errors import OmegaConfBaseException
+
+from launcher.config.schema import Key, group_options, schema_keys, sections
+from launcher.errors import ConfigError
+
+RUN_DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir")
+
+
+def _suggestions(word: str, candidates: Iterable[str]) -> list[str]:
+    """The nearest candidates: the same last part under another section (`seed` ->
+    `train.seed`), else the closest spellings of the whole key or of its last part."""
+    candidates = sorted(set(candidates) - {word})
+    tail = word.rsplit(".", 1)[-1]
+    same_tail = [c for c in candidates if c.rsplit(".", 1)[-1] == tail]
+    if same_tail:
+        return same_tail[:3]
+    scores = {}
+    for name in candidates:
+        whole = difflib.SequenceMatcher(None, word, name).ratio()
+        part = difflib.SequenceMatcher(None, tail, name.rsplit(".", 1)[-1]).ratio() - 0.1
+        scores[name] = max(whole, part)
+    best = max(scores.values(), default=0.0)
+    near = [n for n in candidates if scores[n] >= max(0.6, best - 0.1)]
+    return sorted(near, key=lambda n: -scores[n])[:3]
+
+
+def _did_you_mean(names: list[str]) -> str:
+    if not names:
+        return ""
+    return f"did you mean {' or '.join(names)}? "
+
+
+def _help(command: str) -> str:
+    return f"`launch {command} --help` lists every key and group."
+
+
+def _choices(values: Iterable[str]) -> str:
+    return ", ".join(values)
+
+
+def unknown_key_error(
+    key: str, command: str = "train", added: bool = False, groups: Iterable[str] = ()
+) -> ConfigError:
+    """No such key: the nearest keys, sections and groups as suggestions."""
+    candidates = [*schema_keys(), *sections(), *groups]
+    problem = (
+        "no such key." if not added else "no such key (a key added with + is read by nothing)."
+    )
+    fix = _did_you_mean(_suggestions(key, candidates)) + _help(command)
+    return ConfigError(key, problem, fix)
+
+
+def _one_of(mean: str, options: Iterable[str]) -> str:
+    return (
+        f"{mean}The choices: {_choices(options)}." if mean else f"use one of: {_choices(options)}."
+    )
+
+
+def _group_error(group: str, option: str, options: list[str]) -> ConfigError:
+    near = _suggestions(option, options)
+    mean = _did_you_mean([f"{group}={n}" for n in near])
+    return ConfigError(
+        group, f"no option {option!r} (no conf/{group}/{option}.yaml).", _one_of(mean, options)
+    )
+
+
+def _example(key: Key) -> str:
+    default = key.default
+    if isinstance(default, Enum):
+        default = default.value
+    if default is None or isinstance(default, (list, dict)):
+        return ""
+    if isinstance(default, bool):
+        default = str(default).lower()
+    return f", e.g. {key.name}={default}"
+
+
+def _type_error(key: Key, value: Any) -> ConfigError:
+    """The problem and fix for a value OmegaConf would not accept for `key`."""
+    shown = repr(value)
+    tp = key.type
+    if value is None:
+        return ConfigError(key.name, "cannot be null.", f"give it a value{_example(key)}.")
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        names = [m.value for m in tp]
+        mean = _did_you_mean([f"{key.name}={n}" for n in _suggestions(str(value), names)])
+        return ConfigError(key.name, f"unknown value {shown}.", _one_of(mean, names))
+    if tp is bool:
+        return ConfigError(
+            key.name, f"{shown} is not true or false.", f"set {key.name}=true or {key.name}=false."
+        )
+    if tp is int:
+        return ConfigError(
+            key.name, f"{shown} is not a whole number.", f"give a whole number{_example(key)}."
+        )
+    if tp is float:
+        return ConfigError(key.name, f"{shown} is not a number.", f"give a number{_example(key)}.")
+    origin = getattr(tp, "__origin__", None)
+    if origin is list:
+        return ConfigError(
+            key.name,
+            f"{shown} is not a list.",
+            f"write {key.name}=[item1,item2] (quote the whole override for the shell).",
+        )
+    if origin is dict:
+        return ConfigError(
+            key.name,
+            f"{shown} is not a mapping.",
+            f"write {key.name}={{name: value}} or add one entry with +{key.name}.NAME=VALUE.",
+        )
+    return ConfigError(
+        key.name, f"{shown} is not a single value.", f"give one value{_example(key)}."
+    )
+
+
+def _has_interpolation(value: Any) -> bool:
+    return "${" in str(value)
+
+
+def check_value(key: Key, value: Any) -> None:
+    """Raise ConfigError when OmegaConf would refuse `value` for `key` (its type, or its enum)."""
+    if _has_interpolation(value):
+        return  # resolved later, checked by the dataclass
+    tp = key.type
+    try:
+        if isinstance(tp, type) and issubclass(tp, Enum):
+            EnumNode(tp, value, is_optional=key.optional)
+        elif tp is bool:
+            BooleanNode(value, is_optional=key.optional)
+        elif tp is int:
+            IntegerNode(value, is_optional=key.optional)
+        elif tp is float:
+            FloatNode(value, is_optional=key.optional)
+        elif tp is str:
+            StringNode(value, is_optional=key.optional)
+        elif getattr(tp, "__origin__", None) is list:
+            (element,) = getattr(tp, "__args__", (Any,))
+            ListConfig(value, element_type=element, is_optional=key.optional)
+        elif getattr(tp, "__origin__", None) is dict:
+            DictConfig(value, is_optional=key.optional)
+    except (OmegaConfBaseException, ValueError, TypeError):
+        raise _type_error(key, value) from None
+
+
+def _under_mapping(name: str, keys: dict[str, Key]) -> bool:
+    """`engine.extra.foo`: below a dict (or list) field, any name is the user's own."""
+    parts = name.split(".")
+    for i in range(1, len(parts)):
+        key = keys.get(".".join(parts[:i]))
+        if key is not None and getattr(key.type, "__origin__", None) in (dict, list):
+            return True
+    return False
+
+
+def check_run_dir(key: str, value: Any) -> None:
+    """An empty hydra.run.dir would put the run's files in the current directory."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ConfigError(
+            key,
+            "is empty: the run's files would be written into the current directory.",
+            f"give a directory, e.g. {key}=outputs/my-run, or leave {key} out "
+            "(outputs/<date>/<time>).",
+        )
+
+
+def _values(override: Any, parser: Any) -> list[Any]:
+    """The values an override sets: one, or each of a sweep's (none for a glob or an interval)."""
+    if not override.is_sweep_override():
+        return [override.value()]
+    if override.value_type.name in ("GLOB_CHOICE_SWEEP", "INTERVAL_SWEEP"):
+        return []
+    key = override.key_or_group
+    return [parser.parse_override(f"{key}={s}").value() for s in override.sweep_string_iterator()]
+
+
+def check_overrides(
+    overrides: list[str],
+    conf_dir: Path,
+    command: str = "train",
+    groups_known: bool = True,
+) -> None:
+    """Check command-line overrides against the schema and conf_dir's groups; raise ConfigError.
+
+    groups_known=False (a user's config directory or search path is in play): group names and
+    options may come from elsewhere, so only schema keys are checked.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    keys = schema_keys()
+    groups = group_options(conf_dir)
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+            values = _values(override, parser)
+        except HydraException as exc:
+            raise ConfigError(
+                text,
+                f"cannot be read as an override ({_first_line(str(exc))}).",
+                "write name=value; for a list name=[a,b], and quote the whole override for "
+                "the shell.",
+            ) from None
+        name = override.key_or_group
+        if name in RUN_DIR_KEYS:
+            for value in values:
+                check_run_dir(name, value)
+            continue
+        if name == "hydra" or name.startswith(("hydra.", "hydra/")):
+            continue
+        if override.is_delete():
+            known = name in keys or name in sections() or name in groups
+            if not known and not _under_mapping(name, keys):
+                raise unknown_key_error(name, command, groups=groups)
+            continue
+        if name in groups:
+            if groups_known:
+                options = groups[name]
+                for value in values:
+                    if isinstance(value, str) and value not in options:
+                        raise _group_error(name, value, options)
+            continue
+        if name in keys:
+            for value in values:
+                check_value(keys[name], value)
+            continue
+        if name in sections() or _under_mapping(name, keys):
+            continue  # a whole section as a mapping, or an entry of engine.extra: Hydra checks it
+        if not groups_known and "." not in name:
+            continue  # perhaps a group of the user's config directory
+        raise unknown_key_error(name, command, added=override.is_add(), groups=groups)
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip().rstrip(".")
+    return text.strip()
+
+
+_QUOTED = re.compile(r"'([^']+)'")
+
+
+def translate_hydra_error(exc: BaseException, command: str = "train") -> ConfigError:
+    """One ConfigError for an exception Hydra raised while composing the config."""
+    text = str(exc)
+    first = _first_line(text)
+    quoted = _QUOTED.findall(first)
+    cause = exc.__cause__
+    detail = _first_line(str(cause)) if cause is not None else ""
+    missing = re.search(r"Could not (?:find|load) '([^']+)'", text)
+    if missing:
+        path = missing.group(1)
+        group = path.rpartition("/")[0]
+        options = re.findall(r"^\t(\S+)$", text, flags=re.MULTILINE)
+        fix = f"use one of: {_choices(options)}." if options else _help(command)
+        return ConfigError(group or path, f"no config {path!r}.", fix)
+    hint = re.search(r"use (\+\S+)", text)
+    if first.startswith("Could not override") and quoted:
+        key = quoted[0]
+        if "No match in the defaults list" in text and hint:
+            return ConfigError(key, "is not in the defaults list.", f"add it with {hint.group(1)}.")
+        keys = schema_keys()
+        if _under_mapping(key, keys) and hint:
+            return ConfigError(key, "is not set yet.", f"add it with {hint.group(1)}.")
+        return unknown_key_error(key, command)
+    if first.startswith("Could not append to config") and quoted:
+        return ConfigError(quoted[0], "is already set.", f"drop the +: {quoted[0]}=VALUE.")
+    if first.startswith("Ambiguous value for argument") and quoted:
+        key, _, value = quoted[0].partition("=")
+        return ConfigError(
+            key,
+            f"several values ({value}) without -m.",
+            f"add -m to run one job per value (a sweep), or write {key}=[{value}] for a list.",
+        )
+    if first.startswith("Error merging override") and quoted:
+        key = quoted[0].split("=", 1)[0]
+        return ConfigError(key, f"{detail or first}.", _help(command))
+    full_key = getattr(cause, "full_key", None) or getattr(exc, "full_key", None)
+    problem = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return ConfigError(str(full_key or "config"), problem or type(exc).__name__, _help(command))

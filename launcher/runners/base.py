@@ -1,0 +1,48 @@
+"""The Runner interface: one implementation per place a job runs (launcher/runners/__init__.py
+chooses it from the config, once).
+
+A runner adds its part to the plan (the command, the environment it adds, its run-directory
+files) and later runs that plan. It never re-derives what the plan holds: `launch plan` prints
+and writes exactly what `launch train` runs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from launcher.config.root import RootConfig
+
+if TYPE_CHECKING:
+    from launcher.plan import Plan
+
+
+class Runner(ABC):
+    name: ClassVar[str]
+    """plan.json's "runner": in-process | torchrun | slurm."""
+
+    def check_environment(self, cfg: RootConfig) -> str | None:
+        """Check that this machine can start the job; return the device type the ranks train on
+        ("cpu" or "cuda") when this machine can tell, None when the job runs elsewhere."""
+        del cfg
+        return None
+
+    def command(self, cfg: RootConfig, run_dir: Path) -> list[str]:
+        """The command that starts the job (empty: it runs inside `launch`)."""
+        del cfg, run_dir
+        return []
+
+    def environment(self, cfg: RootConfig) -> dict[str, str]:
+        """Environment variables the command gets on top of this process's."""
+        del cfg
+        return {}
+
+    def files(self, cfg: RootConfig, run_dir: Path) -> dict[str, str]:
+        """Run-directory files the job needs (name -> text); a bad value raises ConfigError here."""
+        del cfg, run_dir
+        return {}
+
+    @abstractmethod
+    def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
+        """Start the job the plan describes (its files are written); its exit status."""

@@ -1,0 +1,44 @@
+"""What the runners on this machine (in-process, torchrun) check before starting: its devices."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from launcher.config.root import RootConfig
+from launcher.errors import ConfigError
+from launcher.logs import get_logger
+from launcher.runners.base import Runner
+
+log = get_logger("launch")
+
+
+def local_cpu_count() -> int:
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
+
+
+class LocalRunner(Runner):
+    """A runner whose ranks train on this machine."""
+
+    def check_environment(self, cfg: RootConfig) -> str:
+        per_node = cfg.parallel.ranks_per_node
+        wants_gpu = cfg.train.device == "cuda" or (
+            cfg.train.device == "auto" and torch.cuda.is_available()
+        )
+        if wants_gpu:
+            gpus = torch.cuda.device_count()
+            if per_node > gpus:
+                raise ConfigError(
+                    "parallel.dp",
+                    f"{per_node} ranks on this node but only {gpus} GPU(s).",
+                    f"set parallel.dp<={gpus}, or run on CPU with train.device=cpu.",
+                )
+        elif per_node > local_cpu_count():
+            log.warning(
+                f"parallel.dp={per_node} ranks on {local_cpu_count()} CPU core(s): they will share "
+                "cores and run slower (fine for testing)."
+            )
+        return "cuda" if wants_gpu else "cpu"

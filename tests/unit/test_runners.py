@@ -1,0 +1,166 @@
+"""The runner is chosen once from the config; the plan is complete (what `launch plan` shows is
+what `launch train` writes and runs); one `launch train cluster=slurm` renders train.sbatch once."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import commands
+from launcher.config import to_root_config
+from launcher.config.root import RootConfig
+from launcher.plan import Plan, build_plan
+from launcher.runners import Runner, runner_for
+from launcher.runners import slurm as slurm_runner
+from launcher.runners.inprocess import InProcessRunner
+from launcher.runners.slurm import SlurmRunner
+from launcher.runners.torchrun import TorchrunRunner
+
+
+def config(**sections: dict[str, Any]) -> RootConfig:
+    base: dict[str, Any] = {"wandb": {"mode": "disabled"}}
+    base.update(sections)
+    return to_root_config(base)
+
+
+SLURM = {"name": "slurm", "python": "/opt/venv/bin/python"}
+
+
+@pytest.mark.parametrize(
+    ("sections", "kind", "name"),
+    [
+        ({}, InProcessRunner, "in-process"),
+        ({"parallel": {"dp": 2}}, TorchrunRunner, "torchrun"),
+        ({"cluster": SLURM}, SlurmRunner, "slurm"),
+        ({"cluster": SLURM, "parallel": {"dp": 4, "nodes": 2}}, SlurmRunner, "slurm"),
+    ],
+)
+def test_runner_is_chosen_from_the_config(sections: dict, kind: type[Runner], name: str) -> None:
+    runner = runner_for(config(**sections))
+    assert type(runner) is kind and runner.name == name
+
+
+def test_only_runners_here_check_this_machines_devices() -> None:
+    cpu = {"device": "cpu"}
+    assert runner_for(config(train=cpu)).check_environment(config(train=cpu)) == "cpu"
+    # A SLURM job runs on other machines: nothing to check here, no device type to report.
+    slurm = config(cluster=SLURM, train=cpu)
+    assert runner_for(slurm).check_environment(slurm) is None
+    # so the engine's device checks (DeepSpeed refuses fp16 on CPU) apply to local runs only
+    fp16 = {"device": "cpu", "precision": "fp16"}
+    commands.check_environment(config(cluster=SLURM, engine={"name": "deepspeed"}, train=fp16))
+
+
+@pytest.mark.parametrize(
+    ("sections", "files"),
+    [
+        ({}, []),
+        (
+            {"engine": {"name": "deepspeed", "zero_stage": 2}, "parallel": {"dp": 2}},
+            ["ds_config.json"],
+        ),
+        ({"cluster": SLURM, "parallel": {"dp": 2}}, ["train.sbatch"]),
+        (
+            {"cluster": SLURM, "engine": {"name": "deepspeed"}, "parallel": {"dp": 4, "nodes": 2}},
+            ["ds_config.json", "train.sbatch"],
+        ),
+    ],
+)
+def test_plan_holds_every_file_it_writes(tmp_path: Path, sections: dict, files: list[str]) -> None:
+    plan = commands.plan_command(config(**sections), tmp_path)
+    assert list(plan.files) == files
+    for name, text in plan.files.items():
+        assert (tmp_path / name).read_text(encoding="utf-8") == text  # byte for byte
+    written = json.loads((tmp_path / "plan.json").read_text())
+    assert written["files"] == files
+    assert written["command"] == plan.command and written["env"] == plan.env
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["config.yaml", "plan.json", *files]
+    )
+    if "train.sbatch" in files:
+        assert (tmp_path / "train.sbatch").stat().st_mode & stat.S_IXUSR
+
+
+def test_plan_is_the_same_whoever_builds_it(tmp_path: Path) -> None:
+    """build_plan is a function of the config and the run directory: `launch plan` and `launch
+    train` get the same plan, env and files included."""
+    cfg = config(cluster=SLURM, engine={"name": "deepspeed"}, parallel={"dp": 2})
+    first = build_plan(cfg, tmp_path, runner_for(cfg))
+    again = build_plan(cfg, tmp_path, runner_for(cfg))
+    assert first == again and first.runner == "slurm"
+    assert first.command[-1] == str(tmp_path.resolve() / "train.sbatch")
+
+
+def _fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An `sbatch` on PATH that records its arguments and prints a job id."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "sbatch_args.txt"
+    script = bin_dir / "sbatch"
+    script.write_text(f'#!/bin/sh\necho "$@" > {record}\necho 4242\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return record
+
+
+def test_train_on_slurm_renders_the_script_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renders: list[str] = []
+    render = slurm_runner.render_sbatch
+
+    def counting_render(cfg: RootConfig, run_dir: Path) -> str:
+        renders.append(str(run_dir))
+        return render(cfg, run_dir)
+
+    monkeypatch.setattr(slurm_runner, "render_sbatch", counting_render)
+    record = _fake_sbatch(tmp_path, monkeypatch)
+    run_dir = tmp_path / "run"
+    cfg = config(cluster=SLURM, parallel={"dp": 4, "nodes": 2})
+    assert commands.train_command(cfg, run_dir) == 0
+    assert len(renders) == 1
+    # sbatch got the planned command's arguments, on the file the plan wrote
+    planned = json.loads((run_dir / "plan.json").read_text())["command"]
+    assert record.read_text().split() == planned[1:]
+    assert (run_dir / "train.sbatch").read_text().startswith("#!/bin/bash")
+
+
+def test_train_hands_the_plan_to_its_runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[Plan] = []
+
+    def run(self: Runner, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
+        seen.append(plan)
+        return 3
+
+    monkeypatch.setattr(TorchrunRunner, "run", run)
+    cfg = config(parallel={"dp": 2}, engine={"name": "deepspeed"})
+    assert commands.train_command(cfg, tmp_path) == 3
+    [plan] = seen
+    assert plan.runner == "torchrun" and "launcher.worker" in plan.command
+    assert json.loads((tmp_path / "plan.json").read_text()) == plan.to_json()
+    assert (tmp_path / "ds_config.json").read_text() == plan.files["ds_config.json"]
+
+
+def test_in_process_runner_runs_the_worker_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import launcher.worker.run as worker_run
+
+    calls: list[Path] = []
+
+    def run_in_process(cfg: RootConfig, run_dir: Path) -> int:
+        calls.append(run_dir)
+        return 0
+
+    monkeypatch.setattr(worker_run, "run_in_process", run_in_process)
+    cfg = config()
+    runner = runner_for(cfg)
+    assert runner.run(cfg, tmp_path, build_plan(cfg, tmp_path, runner)) == 0
+    assert calls == [tmp_path]
