@@ -3,7 +3,8 @@ the same step (benchmarks/startup_floor.py), alternated round by round so machin
 
 Reports the median wall time of each, their ratio (goal: at most 1.3), and where the launcher's
 extra time goes: before torchrun starts (from the `run directory:` line it prints just before
-starting torchrun) and after the last rank said `done` (the tail).
+starting torchrun's agent, which runs inside `launch`) and after the last rank said `done` (the
+tail).
 
     .venv/bin/python -m benchmarks.startup [--rounds 5] [--json startup.json]
 """
@@ -21,7 +22,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCH = [sys.executable, "-m", "launcher.cli", "train", "parallel.dp=2", "train.steps=1"]
+# wandb.mode=disabled: the floor tracks nothing either (the environment's WANDB_MODE below is
+# wandb's own switch; the launcher's is its config key).
+LAUNCH = [
+    sys.executable,
+    "-m",
+    "launcher.cli",
+    "train",
+    "parallel.dp=2",
+    "train.steps=1",
+    "wandb.mode=disabled",
+]
 FLOOR = [
     sys.executable,
     "-m",

@@ -18,12 +18,14 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher.config.load import to_root_config
 from launcher.config.store import register_configs
 from launcher.errors import LauncherError
-from launcher.exit_codes import CONFIG_ERROR
+from launcher.exit_codes import ABORTED, CONFIG_ERROR
+from launcher.lifetime import RunDirectoryBusy, exit_now
 from launcher.logs import get_logger, setup_logging
-from launcher.rundir import HYDRA_DIR
+from launcher.resources import conf_dir
+from launcher.rundir import HYDRA_DIR, LOCK_FILE
 from launcher.sweep import job as sweep_job
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = conf_dir()  # conf/ in the checkout, launcher/conf in an installed wheel
 
 USAGE = """\
 usage: launch <command> [hydra overrides] [-m/--multirun] [--cfg job] [--help]
@@ -54,18 +56,21 @@ examples:
   launch plan engine=deepspeed engine.zero_stage=3
   launch train -m batch.global_size=16 batch.grad_accum=1,2,4
   launch train -m +sweep=accumulation
+  launch train --config-dir my_conf model=my_net data=my_corpus   (your groups beside conf/'s)
 
 `launch train --help` lists every config group and key; `launch train --cfg job` prints the config.
-Exit status: 0 done, 2 bad config (nothing started), 75 stopped on SIGTERM/SIGUSR1 after a
-checkpoint (run the same command to resume).
+Exit status: 0 done, 2 bad config or run directory in use (nothing started), 75 stopped on
+SIGTERM/SIGUSR1/Ctrl-C after a checkpoint (run the same command to resume), 130 aborted by a
+second Ctrl-C.
 """
 
 COMMANDS = ("train", "plan")
 
 
 def _discard_empty_run_dir(run_dir: Path) -> None:
-    """After a config error, leave no run directory behind that holds only Hydra's own files."""
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {HYDRA_DIR}:
+    """After a config error, leave no run directory behind that holds only Hydra's own files
+    (and the lock this run took and released)."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {HYDRA_DIR, LOCK_FILE}:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -90,7 +95,8 @@ def _job(cfg: DictConfig, command: str) -> int:
             # A failing point fails alone; .hydra/overrides.yaml stays to name it in the summary.
             sweep_job.record_failure(run_dir, str(exc))
             return exc.exit_code
-        _discard_empty_run_dir(run_dir)
+        if not isinstance(exc, RunDirectoryBusy):  # the directory is another run's
+            _discard_empty_run_dir(run_dir)
         sys.exit(exc.exit_code)
     except Exception as exc:
         if not multirun:
@@ -118,19 +124,19 @@ def _check_command_line(command: str, rest: list[str]) -> None:
     from hydra._internal.utils import get_args_parser
 
     from launcher.config.overrides import check_overrides
+    from launcher.config.searchpath import user_configs
 
     args = get_args_parser().parse_args(rest)  # a bad flag: argparse's usage, status 2
-    if args.help:
-        from launcher.config.help import render_help
-
-        print(render_help(command, CONF_DIR, args.overrides), end="")
-        sys.exit(0)
-    # A user's own config directory may add groups and options that conf/ does not have.
-    own_configs = args.config_dir or args.config_path or args.config_name
-    searchpath = any(o.lstrip("+~").startswith("hydra.searchpath") for o in args.overrides)
     try:
+        # The user's own config directories (--config-dir, hydra.searchpath) extend conf/.
+        own = user_configs(args.config_dir, args.overrides, args.config_path, args.config_name)
+        if args.help:
+            from launcher.config.help import render_help
+
+            print(render_help(command, CONF_DIR, args.overrides, own.dirs), end="")
+            sys.exit(0)
         check_overrides(
-            args.overrides, CONF_DIR, command, groups_known=not (own_configs or searchpath)
+            args.overrides, CONF_DIR, command, groups_known=own.complete, user_dirs=own.dirs
         )
     except LauncherError as exc:
         _refuse(exc)
@@ -188,7 +194,26 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, end="", file=sys.stderr)
         sys.exit(2)
     sys.argv = [f"launch {command}", *rest]
-    _hydra_entry(command, rest)
+    code = 0
+    try:
+        _hydra_entry(command, rest)
+    except SystemExit as exc:
+        if not (exc.code is None or isinstance(exc.code, int)):
+            raise
+        code = exc.code or 0
+    except KeyboardInterrupt:
+        # A second Ctrl-C (the first asks the run to stop after the step and save), or one
+        # before the run started: no traceback.
+        setup_logging(0)
+        get_logger().warning(
+            "aborted (Ctrl-C); a rerun of the same command resumes from the last complete "
+            "checkpoint."
+        )
+        code = ABORTED
+    if argv is None:  # the `launch` command itself: skip the interpreter's slow shutdown
+        exit_now(code)
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

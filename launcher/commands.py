@@ -1,21 +1,23 @@
 """What `launch train` and `launch plan` do, as functions tests call directly.
 
 Both validate, build the complete plan (launcher/plan.py) and write the run directory; `launch
-train` then hands the plan to its runner (launcher/runners/), `launch plan` prints it.
+train` then hands the plan to its runner (launcher/runners/), `launch plan` prints it. Both hold
+the run directory's lock (launcher/lifetime.py) from before they write anything: `launch plan`
+while it writes, `launch train` until the run has ended (a SLURM job takes it in the job).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 from launcher.checkpoint.files import check_resume, start_fresh
 from launcher.config.load import to_plain, to_yaml
 from launcher.config.root import RootConfig
-from launcher.data import build_dataset
+from launcher.data.build import prepare_data
 from launcher.engines import engine_spec
 from launcher.errors import ConfigError
+from launcher.lifetime import RunLock
 from launcher.logs import get_logger
 from launcher.plan import Plan, build_plan
 from launcher.rundir import CONFIG_FILE, HYDRA_DIR, PLAN_FILE, STARTED_MARKS
@@ -28,10 +30,7 @@ log = get_logger("launch")
 
 def check_environment(cfg: RootConfig, runner: Runner | None = None) -> RootConfig:
     """Runtime checks that need this machine: devices, data files. Returns cfg with absolute paths."""
-    if cfg.data.path:
-        path = Path(cfg.data.path).expanduser().resolve()
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(path)))
-        build_dataset(cfg.data, cfg.model.seq_len, cfg.train.seed)  # reads and checks the file
+    cfg = prepare_data(cfg)  # absolute paths; every data file read and checked once
     device_type = (runner or runner_for(cfg)).check_environment(cfg)
     if device_type is not None:  # None: the ranks run elsewhere (SLURM), on devices unseen here
         engine_spec(cfg.engine.name).check_environment(cfg, device_type)
@@ -74,15 +73,17 @@ def write_run_files(cfg: RootConfig, run_dir: Path, plan: Plan) -> None:
 
 
 def prepare_run(
-    cfg: RootConfig, run_dir: Path, dry_run: bool = False
+    cfg: RootConfig, run_dir: Path, lock: RunLock, dry_run: bool = False
 ) -> tuple[RootConfig, Runner, Plan]:
-    """Choose the runner, validate against this machine, build the complete plan (every check
-    raises here, before anything is written), then write the run directory."""
-    if dry_run:
-        refuse_started_run(run_dir)
+    """Choose the runner, validate against this machine, take the run directory's lock (a run
+    still going there is refused, named), build the complete plan (every check raises here,
+    before anything is written), then write the run directory."""
     runner = runner_for(cfg)
     cfg = check_environment(cfg, runner)
     cfg = check_wandb(cfg)
+    lock.acquire()  # before reading what is there: another run may be writing it
+    if dry_run:
+        refuse_started_run(run_dir)
     cfg = check_resume(cfg, run_dir)  # a refused resume fails here, before anything is written
     plan = build_plan(cfg, run_dir, runner)
     write_run_files(cfg, run_dir, plan)
@@ -90,7 +91,11 @@ def prepare_run(
 
 
 def plan_command(cfg: RootConfig, run_dir: Path) -> Plan:
-    _, _, plan = prepare_run(cfg, run_dir, dry_run=True)
+    lock = RunLock(run_dir)
+    try:
+        _, _, plan = prepare_run(cfg, run_dir, lock, dry_run=True)
+    finally:
+        lock.release()
     log.info(plan.describe())
     for name, text in plan.files.items():  # what the run would use, byte for byte
         log.info(f"{name}:\n{text.rstrip()}")
@@ -100,8 +105,14 @@ def plan_command(cfg: RootConfig, run_dir: Path) -> Plan:
 
 
 def train_command(cfg: RootConfig, run_dir: Path) -> int:
-    cfg, runner, plan = prepare_run(cfg, run_dir)
-    log.info(plan.describe())
-    log.info(f"run directory: {run_dir}")
-    start_fresh(cfg, run_dir)  # only with train.resume=never checkpoint.overwrite=true
-    return runner.run(cfg, run_dir, plan)
+    lock = RunLock(run_dir)
+    try:
+        cfg, runner, plan = prepare_run(cfg, run_dir, lock)
+        log.info(plan.describe())
+        log.info(f"run directory: {run_dir}")
+        start_fresh(cfg, run_dir)  # only with train.resume=never checkpoint.overwrite=true
+        if not runner.holds_run_lock:
+            lock.release()  # the job takes it where it runs
+        return runner.run(cfg, run_dir, plan)
+    finally:
+        lock.release()

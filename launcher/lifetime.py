@@ -14,19 +14,25 @@ on in the background.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import fcntl
 import json
 import os
 import signal
 import socket
+import sys
+from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from launcher.errors import LauncherError
+from launcher.rundir import LOCK_FILE
 
-LOCK_FILE = ".lock"
 _PR_SET_PDEATHSIG = 1
+AGENT_PID_ENV = "LAUNCHER_AGENT_PID"
+"""In a rank's environment: the pid of torchrun's agent (`launch`, or slurm_node on a SLURM node),
+the parent whose death ends the rank (launcher/worker/__main__.py)."""
 
 
 class RunDirectoryBusy(LauncherError):
@@ -95,10 +101,14 @@ class RunLock:
         self.release()
 
 
-def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> None:
+def die_with_parent(sig: signal.Signals = signal.SIGKILL, parent: int | None = None) -> None:
     """Ask the kernel to send `sig` to this process when its parent exits (Linux; a no-op
-    elsewhere). Safe in a `preexec_fn`. If the parent is already gone, exit now."""
-    parent = os.getppid()
+    elsewhere). Safe in a `preexec_fn`. If the parent is already gone (`parent`: the pid it must
+    be, when known; else the parent at the time of the call), die now.
+
+    The kernel sends the signal when the *thread* that started this process ends: start it from
+    the thread that lives as long as the process should (torchrun's agent: the main thread)."""
+    parent = os.getppid() if parent is None else parent
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
@@ -106,3 +116,18 @@ def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> None:
         return
     if os.getppid() != parent:  # the parent died before prctl took effect
         os.kill(os.getpid(), sig)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process with `code` as a normal exit does (atexit handlers: wandb's teardown,
+    logging's flush; then stdout and stderr flushed), but without the interpreter's own shutdown,
+    which for a process that imported torch takes seconds of garbage collection and finalising
+    modules and does nothing a run needs. For `launch` and the ranks, after their work is done."""
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_handlers is not None:
+        with suppress(Exception):
+            run_exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):
+            stream.flush()
+    os._exit(code)

@@ -10,10 +10,16 @@
     summary.json         the run's end
     stopped.json         a graceful stop: the step and checkpoint to resume from
     error_rank<r>.txt    a failed rank's traceback (several ranks)
+    rank_failures.json   several ranks: which rank failed first, how, and the others (torchrun's
+                         agent, launcher/runners/agent.py); rank_failures_<node>.json per SLURM node
     error.txt            a failed sweep point's error
     checkpoints/         training-state checkpoints (launcher/checkpoint/files.py)
     wandb/               wandb's files; wandb/run_id.txt keeps the run id across resumes
     .hydra/              Hydra's copies of the config and overrides
+    .lock                held (flock) by the run using the directory, and names it
+                         (launcher/lifetime.py); a second run into the directory is refused
+    .torchelastic/       torchrun's scratch while its agent runs (the ranks' error files); removed
+                         at the end, so nothing is left in the system temp directory
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ CHECKPOINTS_DIR = "checkpoints"
 WANDB_DIR = "wandb"
 WANDB_RUN_ID_FILE = "run_id.txt"
 HYDRA_DIR = ".hydra"
+LOCK_FILE = ".lock"
+AGENT_DIR = ".torchelastic"
+RANK_FAILURES_FILE = "rank_failures.json"
 MULTIRUN_FILE = "multirun.yaml"
 SWEEP_CSV, SWEEP_MD, SWEEP_PNG = "sweep_summary.csv", "sweep_summary.md", "sweep_summary.png"
 
@@ -46,6 +55,14 @@ STARTED_MARKS = (METRICS_FILE, CHECKPOINTS_DIR)
 def slurm_logs(run_dir: Path, job_id: str = "%j") -> tuple[Path, Path]:
     """A SLURM job's stdout and stderr files (sbatch fills in %j)."""
     return run_dir / f"slurm-{job_id}.out", run_dir / f"slurm-{job_id}.err"
+
+
+def rank_failures_file(run_dir: Path, node: str | None = None) -> Path:
+    """Where torchrun's agent records the failed ranks (one file per SLURM node)."""
+    if node is None:
+        return run_dir / RANK_FAILURES_FILE
+    stem, suffix = RANK_FAILURES_FILE.rsplit(".", 1)
+    return run_dir / f"{stem}_{node}.{suffix}"
 
 
 def rank_error_file(run_dir: Path, rank: int) -> Path:

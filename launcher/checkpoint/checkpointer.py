@@ -14,13 +14,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
@@ -37,12 +36,14 @@ from launcher.checkpoint.files import (
     checkpoints_dir,
     commit,
     manifest,
+    none_loads,
     prune,
     resume_candidates,
     write_synced,
 )
+from launcher.checkpoint.rng import reseed, rng_state, set_rng_state
+from launcher.checkpoint.space import is_disk_full, no_space_left, written_path
 from launcher.config.root import RootConfig
-from launcher.errors import LauncherError
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.rundir import write_stopped
@@ -55,51 +56,31 @@ if TYPE_CHECKING:
 log = get_logger("checkpoint")
 
 
-# --- RNG states ----------------------------------------------------------------------------------
-
-
-def rng_state(device: torch.device) -> dict[str, Any]:
-    """This rank's RNG states in types torch.load(weights_only=True) accepts."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": (
-            kind,
-            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            int(pos),
-            int(has_gauss),
-            float(cached),
-        ),
-        "python": random.getstate(),
-    }
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    random.setstate(state["python"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def reseed(seed: int, rank: int, step: int) -> None:
-    """A deterministic stream per (rank, step) when the saved per-rank states do not map."""
-    base = seed + 1_000_003 * (rank + 1) + 7919 * step
-    torch.manual_seed(base)
-    np.random.seed(base % 2**32)
-    random.seed(base)
-
-
 # --- the worker side -----------------------------------------------------------------------------
 
 
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def _worst(status: int, device: torch.device) -> int:
+    """The largest of every rank's status (collective)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return status
+    flag = torch.tensor([status], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
+def _cause(exc: BaseException) -> str:
+    """The first line of what went wrong; for DCP's gathered errors, the first rank's."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(exc, CheckpointException) and isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        exc = first[0] if isinstance(first, tuple) else first
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
 
 
 def _all_ranks(ok: bool, device: torch.device) -> bool:
@@ -168,33 +149,68 @@ class Checkpointer:
     def save(self) -> Path:
         # The step in flight is logged first: metrics.jsonl and the saved totals include it.
         self.trainer.flush()
-        step, ctx, engine = self.trainer.step, self.ctx, self.trainer.engine
+        step, ctx = self.trainer.step, self.ctx
         tmp, final = self.root / f"{TMP_PREFIX}{step}", self.root / f"{STEP_PREFIX}{step}"
         started = time.perf_counter()
         if ctx.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)  # a save of this step that was interrupted
-            tmp.mkdir()
-        _barrier()
         meta = self._meta(step)
-        engine.save_checkpoint(tmp / ENGINE_DIR, meta)
-        (tmp / RNG_DIR).mkdir(parents=True, exist_ok=True)
-        with open(tmp / RNG_DIR / f"rank_{ctx.rank}.pt", "wb") as f:
-            torch.save(rng_state(ctx.device), f)
-            f.flush()
-            os.fsync(f.fileno())
-        _barrier()  # every rank's files are closed before the marker lists them
+        # Every rank's files are closed before the marker lists them; a failed write on any rank
+        # (a full disk) fails the save on every rank, and the last complete checkpoint stays.
+        self._agree(self._attempt(lambda: self._write_rank_files(tmp, meta)), tmp)
+        error = None
         if ctx.is_main:
-            write_synced(tmp / META, json.dumps(meta, indent=2) + "\n")
-            write_synced(
-                tmp / MARKER, json.dumps({"step": step, "files": manifest(tmp)}, indent=2) + "\n"
-            )
+            error = self._attempt(lambda: self._write_marker(tmp, meta, step))
+        self._agree(error, tmp)
+        if ctx.is_main:
             commit(tmp, final)
             prune(self.run_dir, self.cfg.checkpoint.keep, final)
             log.info(f"saved checkpoint {final} ({time.perf_counter() - started:.1f}s)")
         _barrier()  # nobody moves on (or exits) before the checkpoint is in place
         self.last_saved = (step, final)
         return final
+
+    def _write_rank_files(self, tmp: Path, meta: dict[str, Any]) -> None:
+        ctx = self.ctx
+        if ctx.is_main:
+            tmp.mkdir()
+        _barrier()
+        self.trainer.engine.save_checkpoint(tmp / ENGINE_DIR, meta)
+        (tmp / RNG_DIR).mkdir(parents=True, exist_ok=True)
+        with open(tmp / RNG_DIR / f"rank_{ctx.rank}.pt", "wb") as f:
+            torch.save(rng_state(ctx.device), f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _write_marker(self, tmp: Path, meta: dict[str, Any], step: int) -> None:
+        write_synced(tmp / META, json.dumps(meta, indent=2) + "\n")
+        write_synced(
+            tmp / MARKER, json.dumps({"step": step, "files": manifest(tmp)}, indent=2) + "\n"
+        )
+
+    @staticmethod
+    def _attempt(write: Callable[[], None]) -> BaseException | None:
+        try:
+            write()
+        except (Exception, CheckpointException) as exc:  # (a BaseException): see _agree
+            return exc
+        return None
+
+    def _agree(self, error: BaseException | None, tmp: Path) -> None:
+        """Collective: go on when every rank's write succeeded; otherwise remove the partial
+        save and raise on every rank (NoSpaceLeft when the disk is full)."""
+        status = 0 if error is None else 2 if is_disk_full(error, self.root) else 1
+        status = _worst(status, self.ctx.device)
+        if status == 0:
+            return
+        if self.ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if status == 2:
+            raise no_space_left(written_path(error, tmp), self.run_dir) from None
+        if error is not None:
+            raise error
+        raise RuntimeError(f"saving {tmp} failed on another rank (its error is reported there).")
 
     def _meta(self, step: int) -> dict[str, Any]:
         split = self.cfg.split()
@@ -217,24 +233,23 @@ class Checkpointer:
         candidates = resume_candidates(
             self.cfg, self.run_dir, restarted=restarted, warn=self.ctx.is_main
         )
+        failed: list[tuple[Path, str]] = []
         for ckpt in candidates:
             check_compatible(ckpt.meta, self.cfg, ckpt.path)
-            if self._load(ckpt):
+            problem = self._load(ckpt)
+            if problem is None:
                 return self._resumed(ckpt)
+            failed.append((ckpt.path, problem))
             if self.ctx.is_main:
-                log.warning(f"skipping checkpoint {ckpt.path}: it could not be loaded (see above).")
-        if candidates:
-            names = ", ".join(str(c.path) for c in candidates)
-            raise LauncherError(
-                f"train.resume: no checkpoint could be loaded ({names}). Fix: remove the damaged "
-                "ones, pass an intact one as train.resume=PATH, or start over with "
-                "train.resume=never checkpoint.overwrite=true."
-            )
+                log.warning(f"skipping checkpoint {ckpt.path}: {problem}.")
+        if failed:
+            raise none_loads(self.run_dir, failed)
         return None
 
-    def _load(self, ckpt: Checkpoint) -> bool:
+    def _load(self, ckpt: Checkpoint) -> str | None:
+        """Load on every rank; None when every rank loaded it, else what went wrong."""
         ctx = self.ctx
-        ok = True
+        problem = None
         try:
             self.trainer.engine.load_checkpoint(ckpt.path / ENGINE_DIR)
             rng_file = ckpt.path / RNG_DIR / f"rank_{ctx.rank}.pt"
@@ -243,9 +258,10 @@ class Checkpointer:
             else:
                 reseed(self.cfg.train.seed, ctx.rank, ckpt.step)
         except (Exception, CheckpointException) as exc:  # damaged files: every rank learns below
-            log.warning(f"loading {ckpt.path} failed: {type(exc).__name__}: {exc}")
-            ok = False
-        return _all_ranks(ok, ctx.device)
+            problem = f"it could not be loaded ({_cause(exc)})"
+        if _all_ranks(problem is None, ctx.device):
+            return None
+        return problem or "it could not be loaded on another rank"
 
     def _resumed(self, ckpt: Checkpoint) -> ResumeState:
         step = ckpt.step

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from launcher.config.data import DataConfig
 from launcher.config.root import RootConfig
 from launcher.engines import (
     checkpoint_formats_note,
@@ -49,16 +50,28 @@ def fingerprint(cfg: RootConfig) -> dict[str, Any]:
         "data.min_len": d.min_len,
         "data.max_len": d.max_len,
         "data.alphabet": d.alphabet,
-        "model.n_layer": m.n_layer,
-        "model.n_head": m.n_head,
-        "model.d_model": m.d_model,
-        "model.seq_len": m.seq_len,
-        "model.vocab_size": m.vocab_size,
-        "model.mlp_ratio": m.mlp_ratio,
+        **data_fingerprint(d),
+        **m.fingerprint(),  # the model's shape (a user model: its target and arguments)
         "batch.global_size": cfg.split().global_size,
         "train.seed": cfg.train.seed,
         "data.name": cfg.data.name.value,
     }
+
+
+def data_fingerprint(d: DataConfig) -> dict[str, Any]:
+    """The data keys that change which samples are trained on (not val_path: validation only)."""
+    keys: tuple[str, ...] = (
+        "dtype",
+        "tokenizer",
+        "text_field",
+        "prompt_field",
+        "completion_field",
+        "packing",
+    )
+    keys += ("split", "eos_token", "holdout", "_target_", "args")
+    plain = {k: getattr(d, k) for k in keys}
+    plain["dtype"] = d.dtype.value
+    return {f"data.{k}": v for k, v in plain.items()}
 
 
 def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path) -> None:

@@ -9,6 +9,7 @@ restricted loaders, so loading a checkpoint never runs code from it.
 from __future__ import annotations
 
 import io
+import logging
 import pickle
 from pathlib import Path
 from typing import Any
@@ -108,5 +109,14 @@ def save(directory: Path, state: dict[str, Any]) -> None:
 
 
 def load(directory: Path, state: dict[str, Any]) -> None:
-    """Collective: fill `state` in place (Stateful values get load_state_dict), resharding as needed."""
-    dcp.load(state, storage_reader=SafeReader(str(directory)), planner=SafeLoadPlanner())
+    """Collective: fill `state` in place (Stateful values get load_state_dict), resharding as needed.
+
+    DCP logs a damaged file's tracebacks to the root logger as warnings before it raises; the
+    caller reports the failure in one line, so they are held back here."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        dcp.load(state, storage_reader=SafeReader(str(directory)), planner=SafeLoadPlanner())
+    finally:
+        root.setLevel(level)

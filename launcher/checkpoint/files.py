@@ -9,7 +9,9 @@
 A save goes into checkpoints/.tmp_step_<N>, gets its marker, and is then renamed into place, so
 a step_<N> directory is complete by construction. A directory whose marker is missing, or whose
 files no longer have the sizes the marker lists (a truncated copy, a full disk), is skipped with
-a warning naming it. Nothing here needs a process group: `launch` uses it before starting ranks.
+a warning naming it; when every step_<N> directory is damaged, resuming is refused rather than
+silently starting over them. Nothing here needs a process group: `launch` uses it before starting
+ranks.
 """
 
 from __future__ import annotations
@@ -94,12 +96,16 @@ def inspect(path: Path) -> Checkpoint | str:
     return Checkpoint(path, meta)
 
 
-def find_checkpoints(run_dir: Path, *, warn: bool = True) -> list[Checkpoint]:
-    """Complete checkpoints of a run directory, newest first; warn about each one skipped."""
+def scan_checkpoints(
+    run_dir: Path, *, warn: bool = True
+) -> tuple[list[Checkpoint], list[tuple[Path, str]]]:
+    """Complete checkpoints of a run directory, newest first, and the damaged step_<N>
+    directories with why; warn about each one skipped."""
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
-        return []
+        return [], []
     found: list[Checkpoint] = []
+    damaged: list[tuple[Path, str]] = []
     for entry in sorted(root.iterdir()):
         if entry.name.startswith(TMP_PREFIX):
             if warn:
@@ -111,9 +117,29 @@ def find_checkpoints(run_dir: Path, *, warn: bool = True) -> list[Checkpoint]:
         if isinstance(result, str):
             if warn:
                 log.warning(f"skipping checkpoint {entry}: {result}.")
+            damaged.append((entry, result))
             continue
         found.append(result)
-    return sorted(found, key=lambda c: c.order, reverse=True)
+    return sorted(found, key=lambda c: c.order, reverse=True), damaged
+
+
+def find_checkpoints(run_dir: Path, *, warn: bool = True) -> list[Checkpoint]:
+    """Complete checkpoints of a run directory, newest first; warn about each one skipped."""
+    return scan_checkpoints(run_dir, warn=warn)[0]
+
+
+def none_loads(run_dir: Path, failed: list[tuple[Path, str]]) -> ConfigError:
+    """The refusal when checkpoints exist and none of them can be resumed: starting from step 1
+    would append a second history to metrics.jsonl and overwrite the damaged files."""
+    names = "; ".join(f"{path.name} ({why})" for path, why in failed)
+    return ConfigError(
+        "train.resume",
+        f"{run_dir} holds checkpoints, but none can be resumed: {names}. Nothing was trained "
+        "and nothing was overwritten.",
+        "restore them from a copy, or pass an intact one as train.resume=PATH; to start over "
+        "deliberately, add train.resume=never checkpoint.overwrite=true (it deletes them), or "
+        "choose another hydra.run.dir.",
+    )
 
 
 def resume_candidates(
@@ -123,10 +149,14 @@ def resume_candidates(
 
     train.resume=auto: every complete one, newest first. A PATH: that one. never: none. A rank
     restarted by torchrun always takes the newest in the run directory, when there is one.
+    When the run directory holds step_<N> directories and none is complete, refuse (ConfigError):
+    a silent fresh start would overwrite them.
     """
     mode = cfg.train.resume
     if restarted or mode == "auto":
-        found = find_checkpoints(run_dir, warn=warn)
+        found, damaged = scan_checkpoints(run_dir, warn=warn)
+        if not found and damaged:
+            raise none_loads(run_dir, damaged)
         if found or mode == "auto":
             return found
     if mode == "never":

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import ast
 import inspect
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from launcher import exit_codes
-from launcher.config.schema import Key, class_doc, group_options, schema_keys, sections
+from launcher.config.schema import Key, class_doc, schema_keys, sections
+from launcher.config.searchpath import SEARCHPATH_KEY, merged_group_options, searchpath_override
 
 SUMMARY = {
     "train": "run a training job: in-process (dp=1), torchrun (one node) or sbatch (SLURM).",
@@ -86,8 +88,13 @@ def _doc(key: Key) -> str:
     return doc
 
 
-def _composed(conf_dir: Path, overrides: list[str]) -> tuple[Any, dict[str, str]]:
+def _composed(
+    conf_dir: Path, overrides: list[str], user_dirs: list[Path]
+) -> tuple[Any, dict[str, str]]:
     """The composed config and group choices for these overrides (None, {} when they fail)."""
+    if user_dirs:  # the user's config directories on the search path, as `launch train` has them
+        overrides = [o for o in overrides if not o.lstrip("+").startswith(SEARCHPATH_KEY)]
+        overrides.append(searchpath_override(user_dirs))
     try:
         from hydra import compose, initialize_config_dir
         from omegaconf import OmegaConf
@@ -109,9 +116,16 @@ def _lookup(tree: Any, dotted: str) -> tuple[bool, Any]:
     return True, node
 
 
-def render_help(command: str, conf_dir: Path, overrides: list[str] | None = None) -> str:
-    """The help text; values are those of the config composed with `overrides`."""
-    composed, choices = _composed(conf_dir, [o for o in overrides or [] if "=" in o])
+def render_help(
+    command: str,
+    conf_dir: Path,
+    overrides: list[str] | None = None,
+    user_dirs: Sequence[Path] = (),
+) -> str:
+    """The help text; values are those of the config composed with `overrides`; the groups are
+    conf_dir's and those of the user's config directories."""
+    dirs = list(user_dirs)
+    composed, choices = _composed(conf_dir, [o for o in overrides or [] if "=" in o], dirs)
     lines = [
         f"launch {command} [key=value ...] [group=option ...] [-m] [--cfg job] [--help]",
         "",
@@ -119,7 +133,7 @@ def render_help(command: str, conf_dir: Path, overrides: list[str] | None = None
         "",
         "config groups (group=option; * the default):",
     ]
-    groups = group_options(conf_dir)
+    groups = merged_group_options(conf_dir, dirs)
     width = max((len(g) for g in groups), default=8) + 2
     for group, options in groups.items():
         chosen = choices.get(group)

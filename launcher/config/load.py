@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from launcher.config.model import ModelConfig, UserModelConfig, is_user_model, split_user_model
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError, LauncherError
 
@@ -35,6 +36,10 @@ def _unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
             continue
         field_type = types[key]
         sub = node[key]
+        if key == "model" and schema is RootConfig:
+            field_type = UserModelConfig if is_user_model(sub) else ModelConfig
+            if field_type is UserModelConfig:
+                continue  # a user model's own keys are its arguments
         if (
             isinstance(sub, (dict, DictConfig))
             and isinstance(field_type, type)
@@ -55,7 +60,11 @@ def to_root_config(cfg: DictConfig | dict[str, Any]) -> RootConfig:
                 "no such config key (a typo, or a key added with + that nothing reads).",
                 "check the spelling against `launch train --cfg job`.",
             )
-        merged = OmegaConf.merge(OmegaConf.structured(RootConfig), node)
+        model = node.get("model")
+        rest = OmegaConf.masked_copy(node, [str(k) for k in node if k != "model"])
+        merged = OmegaConf.merge(OmegaConf.structured(RootConfig), rest)
+        if model is not None:
+            merged.model = _model_node(model)
         obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         ours = _unwrap(exc)
@@ -74,12 +83,39 @@ def to_root_config(cfg: DictConfig | dict[str, Any]) -> RootConfig:
     return obj
 
 
+def _model_node(model: Any) -> DictConfig:
+    """The model section, typed: the built-in GPT's schema, or a user model's (its own keys in
+    kwargs)."""
+    try:
+        if not is_user_model(model):
+            return OmegaConf.merge(OmegaConf.structured(ModelConfig), model)  # type: ignore[return-value]
+        plain = (
+            OmegaConf.to_container(model, resolve=True) if isinstance(model, DictConfig) else model
+        )
+        assert isinstance(plain, dict)
+        fields = split_user_model({str(k): v for k, v in plain.items()})
+        return OmegaConf.merge(OmegaConf.structured(UserModelConfig), fields)  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        if _unwrap(exc) is not None:
+            raise
+        key = getattr(exc, "full_key", None)
+        raise ConfigError(f"model.{key}" if key else "model", str(exc).splitlines()[0]) from None
+
+
+def _node(cfg: RootConfig) -> DictConfig:
+    """The config as OmegaConf sees it; a user model's section flat, as its YAML is written."""
+    node = OmegaConf.structured(cfg)
+    if isinstance(cfg.model, UserModelConfig):
+        node.model = cfg.model.plain()
+    return node
+
+
 def to_yaml(cfg: RootConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    return OmegaConf.to_yaml(_node(cfg))
 
 
 def to_plain(cfg: RootConfig) -> dict[str, Any]:
-    plain = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    plain = OmegaConf.to_container(_node(cfg), resolve=True, enum_to_str=True)
     assert isinstance(plain, dict)
     return {str(k): v for k, v in plain.items()}
 

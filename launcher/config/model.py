@@ -1,8 +1,11 @@
-"""The built-in GPT's shape."""
+"""The model section: the built-in GPT's shape (ModelConfig) or the user's own model by
+`_target_` (UserModelConfig, model=custom and model=hf)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from launcher.config.checks import require_finite, require_positive
 from launcher.errors import ConfigError
@@ -45,3 +48,75 @@ class ModelConfig:
             raise ConfigError(
                 "model.vocab_size", "byte-level data needs at least 256 tokens.", "set 256."
             )
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The shape a resumed run must keep (checkpoint compatibility)."""
+        keys = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio")
+        return {f"model.{key}": getattr(self, key) for key in keys}
+
+
+LAUNCHER_KEYS = ("_target_", "name", "seq_len", "blocks")
+"""A user model's keys that the launcher reads; every other key is the model's own argument."""
+
+
+@dataclass
+class UserModelConfig:
+    """The user's own nn.Module, built by Hydra's `_target_` (model=custom, model=hf)."""
+
+    _target_: str = ""
+    """The class or function that builds the model, e.g. my_project.models.Net."""
+    name: str = "custom"
+    """A label for logs."""
+    seq_len: int = 64
+    """Tokens per sequence; also passed to the target when it takes a `seq_len` argument."""
+    blocks: str | None = None
+    """Dotted path of the repeated blocks (an nn.ModuleList, e.g. model.layers); null: found."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The model's own arguments (every other key of the model section), passed to the target."""
+
+    def __post_init__(self) -> None:
+        if not self._target_ or not isinstance(self._target_, str):
+            raise ConfigError(
+                "model._target_",
+                "is empty: a user model needs the class or function that builds it.",
+                "set model._target_=my_project.models.Net (importable from here or PYTHONPATH).",
+            )
+        require_positive("model.seq_len", self.seq_len)
+        clash = sorted(set(self.kwargs) & set(LAUNCHER_KEYS))
+        if clash:
+            raise ConfigError(f"model.kwargs.{clash[0]}", "is a launcher key.", "set it directly.")
+
+    def fingerprint(self) -> dict[str, Any]:
+        args = {f"model.{key}": value for key, value in sorted(self.kwargs.items())}
+        return {"model._target_": self._target_, "model.seq_len": self.seq_len, **args}
+
+    def plain(self) -> dict[str, Any]:
+        """The section as written in a config file: the launcher's keys, then the model's own."""
+        return {
+            "_target_": self._target_,
+            "name": self.name,
+            "seq_len": self.seq_len,
+            "blocks": self.blocks,
+            **self.kwargs,
+        }
+
+
+AnyModelConfig = ModelConfig | UserModelConfig
+
+
+def blocks_path(cfg: AnyModelConfig) -> str | None:
+    """model.blocks where the model section has it (a user model), else None: found."""
+    return cfg.blocks if isinstance(cfg, UserModelConfig) else None
+
+
+def is_user_model(node: Any) -> bool:
+    """A model section with `_target_` is the user's own model; without it, the built-in GPT."""
+    return node is not None and "_target_" in node
+
+
+def split_user_model(node: Mapping[str, Any]) -> dict[str, Any]:
+    """A user model section (flat, as in YAML) -> UserModelConfig's fields (the rest in kwargs)."""
+    known = {k: node[k] for k in LAUNCHER_KEYS if k in node}
+    extra = {str(k): v for k, v in node.items() if k not in LAUNCHER_KEYS and k != "kwargs"}
+    nested = node.get("kwargs") or {}
+    return {**known, "kwargs": {**dict(nested), **extra}}

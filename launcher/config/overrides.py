@@ -13,9 +13,8 @@ see (a user's own config directory, values set inside YAML files) is still check
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -31,42 +30,16 @@ from omegaconf import (
 )
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher.config.schema import Key, group_options, schema_keys, sections
+from launcher.config.schema import Key, schema_keys, sections, user_model_chosen
+from launcher.config.searchpath import merged_group_options
+from launcher.config.suggest import choices as _choices
+from launcher.config.suggest import did_you_mean as _did_you_mean
+from launcher.config.suggest import help_hint as _help
+from launcher.config.suggest import one_of as _one_of
+from launcher.config.suggest import suggestions as _suggestions
 from launcher.errors import ConfigError
 
 RUN_DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir")
-
-
-def _suggestions(word: str, candidates: Iterable[str]) -> list[str]:
-    """The nearest candidates: the same last part under another section (`seed` ->
-    `train.seed`), else the closest spellings of the whole key or of its last part."""
-    candidates = sorted(set(candidates) - {word})
-    tail = word.rsplit(".", 1)[-1]
-    same_tail = [c for c in candidates if c.rsplit(".", 1)[-1] == tail]
-    if same_tail:
-        return same_tail[:3]
-    scores = {}
-    for name in candidates:
-        whole = difflib.SequenceMatcher(None, word, name).ratio()
-        part = difflib.SequenceMatcher(None, tail, name.rsplit(".", 1)[-1]).ratio() - 0.1
-        scores[name] = max(whole, part)
-    best = max(scores.values(), default=0.0)
-    near = [n for n in candidates if scores[n] >= max(0.6, best - 0.1)]
-    return sorted(near, key=lambda n: -scores[n])[:3]
-
-
-def _did_you_mean(names: list[str]) -> str:
-    if not names:
-        return ""
-    return f"did you mean {' or '.join(names)}? "
-
-
-def _help(command: str) -> str:
-    return f"`launch {command} --help` lists every key and group."
-
-
-def _choices(values: Iterable[str]) -> str:
-    return ", ".join(values)
 
 
 def unknown_key_error(
@@ -81,17 +54,13 @@ def unknown_key_error(
     return ConfigError(key, problem, fix)
 
 
-def _one_of(mean: str, options: Iterable[str]) -> str:
-    return (
-        f"{mean}The choices: {_choices(options)}." if mean else f"use one of: {_choices(options)}."
-    )
-
-
-def _group_error(group: str, option: str, options: list[str]) -> ConfigError:
+def _group_error(group: str, option: str, options: list[str], where: str = "conf/") -> ConfigError:
     near = _suggestions(option, options)
     mean = _did_you_mean([f"{group}={n}" for n in near])
     return ConfigError(
-        group, f"no option {option!r} (no conf/{group}/{option}.yaml).", _one_of(mean, options)
+        group,
+        f"no option {option!r} (no {group}/{option}.yaml in {where}).",
+        _one_of(mean, options),
     )
 
 
@@ -209,18 +178,22 @@ def check_overrides(
     conf_dir: Path,
     command: str = "train",
     groups_known: bool = True,
+    user_dirs: Sequence[Path] = (),
 ) -> None:
     """Check command-line overrides against the schema and conf_dir's groups; raise ConfigError.
 
-    groups_known=False (a user's config directory or search path is in play): group names and
-    options may come from elsewhere, so only schema keys are checked.
+    user_dirs (the user's --config-dir and hydra.searchpath directories) add their groups and
+    options to conf_dir's. groups_known=False (a config source that cannot be listed is in play):
+    group names and options may come from elsewhere, so only schema keys are checked.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
     keys = schema_keys()
-    groups = group_options(conf_dir)
+    groups = merged_group_options(conf_dir, list(user_dirs))
+    where = " or ".join([f"{conf_dir.name}/", *(str(d) for d in user_dirs)])
+    user_model = user_model_chosen(overrides, conf_dir, groups_known)
     for text in overrides:
         try:
             override = parser.parse_override(text)
@@ -249,7 +222,7 @@ def check_overrides(
                 options = groups[name]
                 for value in values:
                     if isinstance(value, str) and value not in options:
-                        raise _group_error(name, value, options)
+                        raise _group_error(name, value, options, where)
             continue
         if name in keys:
             for value in values:
@@ -257,6 +230,8 @@ def check_overrides(
             continue
         if name in sections() or _under_mapping(name, keys):
             continue  # a whole section as a mapping, or an entry of engine.extra: Hydra checks it
+        if user_model and name.startswith("model."):
+            continue  # an argument of the user's model: Hydra and the model check it
         if not groups_known and "." not in name:
             continue  # perhaps a group of the user's config directory
         raise unknown_key_error(name, command, added=override.is_add(), groups=groups)

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from launcher.config.ac import AcConfig
 from launcher.config.checks import require_finite
 from launcher.config.cluster import ClusterConfig, ClusterKind
 from launcher.config.data import DataConfig
 from launcher.config.engine import EngineConfig
-from launcher.config.model import ModelConfig
+from launcher.config.eval import EvalConfig
+from launcher.config.model import AnyModelConfig, ModelConfig
 from launcher.config.parallel import BatchConfig, ParallelConfig
 from launcher.config.train import CheckpointConfig, DebugConfig, OptimConfig, TrainConfig
 from launcher.config.wandb import WandbConfig
 from launcher.errors import ConfigError
 from launcher.training.batch import BatchSplit, resolve_batch
+
+if TYPE_CHECKING:
+    ModelSection = AnyModelConfig
+else:  # OmegaConf sees an open node: the built-in GPT's fields or a user model's own keys
+    ModelSection = Any
 
 
 @dataclass
@@ -23,7 +30,7 @@ class RootConfig:
 
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelSection = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -33,6 +40,7 @@ class RootConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         # Every section's float fields, also those of a section that does not check its own.
@@ -50,6 +58,14 @@ class RootConfig:
                 ["data.max_len", "model.seq_len"],
                 f"a reversal problem of length {self.data.max_len} needs {self.data.max_len * 2 + 2} tokens, but seq_len={self.model.seq_len}.",
                 f"raise model.seq_len to {self.data.max_len * 2 + 2} or lower data.max_len.",
+            )
+        held_out = self.data.name.value in ("reverse", "jsonl") or self.data.holdout > 0
+        if self.eval.every and not (held_out or self.data.val_path):
+            raise ConfigError(
+                ["eval.every", "data.val_path"],
+                f"a validation loss needs held-out data, and data={self.data.name.value} has none.",
+                "add data.val_path=FILE (tokens, hf, text) or data.holdout=N (the last N samples),"
+                " or set eval.every=0.",
             )
 
     def split(self) -> BatchSplit:

@@ -20,7 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.config.model import ModelConfig, UserModelConfig
 from launcher.config.root import RootConfig
+
+MODEL_SCHEMAS: tuple[type, ...] = (ModelConfig, UserModelConfig)
+"""The model section's schemas (RootConfig types it openly): the built-in GPT's shape first."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,8 @@ def sections(root: type = RootConfig) -> dict[str, type]:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             tp, _ = split_optional(hints[f.name])
+            if cls is RootConfig and f.name == "model":
+                tp = MODEL_SCHEMAS[0]
             if is_section(tp):
                 found[prefix + f.name] = tp
                 walk(tp, f"{prefix}{f.name}.")
@@ -124,7 +130,12 @@ def schema_keys(root: type = RootConfig) -> dict[str, Key]:
         for f in dataclasses.fields(cls):
             tp, optional = split_optional(hints[f.name])
             name = prefix + f.name
-            if is_section(tp):
+            if cls is RootConfig and f.name == "model":
+                for schema in MODEL_SCHEMAS:
+                    walk(schema, name + ".")
+            elif name in keys or name == "model.kwargs":
+                continue  # a model key both schemas have; a user model's arguments (flat)
+            elif is_section(tp):
                 walk(tp, name + ".")
             else:
                 keys[name] = Key(name, tp, optional, _default(f), docs.get(f.name, ""))
@@ -142,3 +153,15 @@ def group_options(conf_dir: Path) -> dict[str, list[str]]:
         for group in sorted(conf_dir.iterdir())
         if group.is_dir() and not group.name.startswith((".", "_"))
     }
+
+
+def user_model_chosen(overrides: list[str], conf_dir: Path, groups_known: bool = True) -> bool:
+    """A `model=` option whose file names a `_target_` (or one from a user's config directory):
+    its keys are the model's own arguments, so any `model.KEY` may be set."""
+    options = [o.split("=", 1)[1] for o in overrides if o.startswith(("model=", "+model="))]
+    if not options:
+        return not groups_known
+    path = conf_dir / "model" / f"{options[-1]}.yaml"
+    if not path.is_file():
+        return True
+    return any(line.startswith("_target_:") for line in path.read_text().splitlines())

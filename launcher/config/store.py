@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from launcher.config.root import RootConfig
 
 
 def register_configs() -> None:
-    ConfigStore.instance().store(name="base_config", node=RootConfig)
+    node = OmegaConf.structured(RootConfig)
+    # The model section stays open while Hydra composes: a group file is the built-in GPT's
+    # shape or a user model's own keys (`_target_` and its arguments). It is typed afterwards,
+    # by launcher.config.load, against ModelConfig or UserModelConfig.
+    node.model = {}
+    ConfigStore.instance().store(name="base_config", node=node)

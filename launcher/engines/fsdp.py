@@ -20,11 +20,13 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
+from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
 from launcher.config.train import Precision
 from launcher.distributed import DistContext
 from launcher.engines import precision as precisions
 from launcher.engines.base import TorchOptimizerEngine
+from launcher.models.blocks import require_blocks
 from launcher.training.optim import build_optimizer, build_scheduler
 
 
@@ -35,10 +37,12 @@ def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:
     )
 
 
-def shard_units(model: nn.Module) -> list[nn.Module]:
-    """The modules to wrap, innermost first: each block (models expose `blocks`), then the root."""
-    blocks = getattr(model, "blocks", None)
-    return [*(blocks if isinstance(blocks, nn.ModuleList) else []), model]
+def shard_units(model: nn.Module, blocks_path: str | None = None) -> list[nn.Module]:
+    """The modules to wrap, innermost first: each repeated block, then the root. The blocks are
+    found (launcher/models/blocks.py) or named by model.blocks; a model without them is refused
+    rather than sharded as one unit (which would gather every parameter at once)."""
+    found = require_blocks(model, blocks_path, "engine=fsdp (one shard unit per block)")
+    return [*found.blocks, model]
 
 
 class FSDPEngine(TorchOptimizerEngine):
@@ -48,7 +52,7 @@ class FSDPEngine(TorchOptimizerEngine):
         policy = mixed_precision_policy(cfg.train.precision)
         model = model.to(ctx.device)
         self.units: list[FSDPModule] = []
-        for unit in shard_units(model):
+        for unit in shard_units(model, blocks_path(cfg.model)):
             sharded = fully_shard(unit, mesh=mesh, mp_policy=policy)
             sharded.set_gradient_divide_factor(1.0)
             sharded.set_force_sum_reduction_for_comms(True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from launcher.config.engine import EngineName
 from launcher.config.root import RootConfig
-from launcher.engines import precision
+from launcher.engines.precision import bytes_per_element, is_reduced, needs_loss_scaling
 from launcher.errors import ConfigError
 from launcher.rundir import DS_CONFIG_FILE
 
@@ -120,8 +120,8 @@ class DeepSpeedSpec(EngineSpec):
 
     def state_bytes(self, cfg: RootConfig, params: int) -> dict[str, int]:
         dp, stage = cfg.parallel.dp, cfg.engine.zero_stage
-        model_width = precision.bytes_per_element(cfg.train.precision)
-        master = FP32 if precision.is_reduced(cfg.train.precision) else 0
+        model_width = bytes_per_element(cfg.train.precision)
+        master = FP32 if is_reduced(cfg.train.precision) else 0
         return {
             "parameters": params * model_width // (dp if stage >= 3 else 1),
             "gradients": params * model_width // (dp if stage >= 2 else 1),
@@ -137,7 +137,7 @@ class DeepSpeedSpec(EngineSpec):
         return {DS_CONFIG_FILE: ds_config_json(cfg)}
 
     def check_environment(self, cfg: RootConfig, device_type: str) -> None:
-        if precision.needs_loss_scaling(cfg.train.precision) and device_type != "cuda":
+        if needs_loss_scaling(cfg.train.precision) and device_type != "cuda":
             raise ConfigError(
                 ["train.precision", "engine"],
                 "DeepSpeed has no fp16 on CPU (its CPU accelerator supports fp32 and bf16).",

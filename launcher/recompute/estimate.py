@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.config.ac import AcPolicy
+from launcher.config.model import ModelConfig
 from launcher.config.root import RootConfig
 from launcher.engines.precision import bytes_per_element
 from launcher.recompute.policies import Segment, SegmentMode, plan_segments
@@ -45,8 +46,14 @@ class ActivationEstimate:
         }
 
 
+def _gpt(cfg: RootConfig) -> ModelConfig:
+    if not isinstance(cfg.model, ModelConfig):
+        raise TypeError("activation estimates need the built-in GPT's shape")
+    return cfg.model
+
+
 def estimate_activations(cfg: RootConfig, micro_size: int, policy: AcPolicy) -> ActivationEstimate:
-    m = cfg.model
+    m = _gpt(cfg)
     h, r, a, vocab, n = m.d_model, m.mlp_ratio, m.n_head, m.vocab_size, m.n_layer
     width = bytes_per_element(cfg.train.precision)
     dropout = m.dropout > 0
@@ -95,7 +102,7 @@ def _flops_ratio(cfg: RootConfig, segments: tuple[Segment, ...]) -> float:
     fused attention 2.5x (it recomputes the scores). A recomputed segment reruns its forward
     except, without dropout, the last MLP projection: nothing after it needs saving, so
     recompute stops before it (torch's checkpoint early stop)."""
-    m = cfg.model
+    m = _gpt(cfg)
     h, r, t = m.d_model, m.mlp_ratio, m.seq_len
     block_mm = 2 * (4 + 2 * r) * h * h
     block_attention = 4 * h * t
@@ -111,5 +118,8 @@ def _flops_ratio(cfg: RootConfig, segments: tuple[Segment, ...]) -> float:
 
 
 def estimate_all(cfg: RootConfig, micro_size: int) -> dict[str, ActivationEstimate]:
-    """Every policy, in the order of AcPolicy (every_n with the configured ac.every_n)."""
+    """Every policy, in the order of AcPolicy (every_n with the configured ac.every_n). Empty for
+    a user model: its shape is unknown here, so nothing is guessed (runs measure it)."""
+    if not isinstance(cfg.model, ModelConfig):
+        return {}
     return {p.value: estimate_activations(cfg, micro_size, p) for p in AcPolicy}

@@ -23,10 +23,11 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from launcher.config.ac import AcConfig, AcPolicy
+from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
 from launcher.engines.precision import autocast as precision_autocast
-from launcher.models import GPT
-from launcher.recompute.policies import build_runner
+from launcher.models import build_model
+from launcher.recompute.policies import apply_recompute
 from launcher.training.loss import token_loss_sum
 
 aten = torch.ops.aten
@@ -204,9 +205,10 @@ def activation_report(
     device = _device_of(model)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         with torch.device(device):
-            replica = GPT(cfg.model)
+            replica = build_model(cfg.model)
         replica.train()
-        replica.run_blocks = build_runner(cfg.ac, replica.blocks)
+        blocks = blocks_path(cfg.model)
+        apply_recompute(replica, cfg.ac, blocks)
         _preallocate_grads(replica)
         report: dict[str, Any] = {}
         if device.type == "cuda":
@@ -222,7 +224,7 @@ def activation_report(
         flops = count_flops(replica, inputs, targets, _autocast(cfg, device))
         flops_none = flops
         if cfg.ac.policy != AcPolicy.none:
-            replica.run_blocks = build_runner(AcConfig(policy=AcPolicy.none), replica.blocks)
+            apply_recompute(replica, AcConfig(policy=AcPolicy.none), blocks)
             flops_none = count_flops(replica, inputs, targets, _autocast(cfg, device))
     report.update(
         activation_bytes=measured.saved,

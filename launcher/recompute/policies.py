@@ -174,9 +174,39 @@ def build_runner(cfg: AcConfig, blocks: nn.ModuleList) -> RecomputeRunner:
     return RecomputeRunner(segments, cfg.offload, dropout=uses_dropout(blocks))
 
 
-def apply_recompute(model: HasBlocks, cfg: AcConfig) -> RecomputeRunner:
-    """Install the policy as `model.run_blocks` (before any engine wraps the model)."""
-    runner = build_runner(cfg, model.blocks)
-    model.run_blocks = runner
-    log.info(f"recompute: ac={cfg.policy.value}: {runner.describe()}")
-    return runner
+def has_block_runner(model: nn.Module) -> bool:
+    """The built-in GPT's shape: `blocks` run by a replaceable `run_blocks`."""
+    return isinstance(getattr(model, "blocks", None), nn.ModuleList) and hasattr(
+        model, "run_blocks"
+    )
+
+
+def apply_recompute(model: nn.Module, cfg: AcConfig, blocks_path: str | None = None) -> str:
+    """Install the policy (before any engine wraps the model); returns what it does, in words.
+
+    A model with `run_blocks` (the built-in GPT) gets a RecomputeRunner: segments of several
+    blocks recomputed as one. Any other model gets each block's forward wrapped
+    (launcher/recompute/wrap.py) on the block list found by launcher.models.blocks; with no block
+    list, any policy but `none` is refused."""
+    from launcher.models.blocks import find_blocks, require_blocks
+    from launcher.recompute.wrap import describe_modes, wrap_blocks
+
+    if has_block_runner(model) and not blocks_path:
+        gpt: Any = model
+        runner = build_runner(cfg, gpt.blocks)
+        gpt.run_blocks = runner
+        recomputes = any(s.mode != SegmentMode.keep for s in runner.segments)
+        described = runner.describe()
+    else:
+        if cfg.policy == AcPolicy.none:
+            found = find_blocks(model, blocks_path)
+        else:
+            found = require_blocks(model, blocks_path, f"ac={cfg.policy.value}")
+        if found is None:
+            return "no recompute"
+        modes = wrap_blocks(found.blocks, cfg)
+        recomputes = any(m != SegmentMode.keep for m in modes)
+        described = f"{found.path}: {describe_modes(modes)}"
+    if recomputes:  # ac=none: the plan said so
+        log.info(f"recompute: ac={cfg.policy.value}: {described}")
+    return described

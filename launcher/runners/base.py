@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 class Runner(ABC):
     name: ClassVar[str]
     """plan.json's "runner": in-process | torchrun | slurm."""
+    holds_run_lock: ClassVar[bool] = True
+    """`launch` holds the run directory's lock while `run` runs (False: the job takes it)."""
 
     def check_environment(self, cfg: RootConfig) -> str | None:
         """Check that this machine can start the job; return the device type the ranks train on

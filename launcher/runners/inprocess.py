@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.config.root import RootConfig
-from launcher.runners.local import LocalRunner
+from launcher.runners.local import LocalRunner, thread_environment
 
 if TYPE_CHECKING:
     from launcher.plan import Plan
@@ -15,8 +15,21 @@ if TYPE_CHECKING:
 class InProcessRunner(LocalRunner):
     name = "in-process"
 
+    def environment(self, cfg: RootConfig) -> dict[str, str]:
+        """The thread cap torchrun's ranks get (OMP_NUM_THREADS), applied here with
+        torch.set_num_threads: torch read the environment when `launch` imported it."""
+        return thread_environment(cfg)
+
     def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
-        del plan  # no command, no environment, no files of its own
+        import torch
+
         from launcher.worker.run import run_in_process  # builds the model, the engine: torch-heavy
 
-        return run_in_process(cfg, run_dir)
+        threads = plan.env.get("OMP_NUM_THREADS")
+        before = torch.get_num_threads()
+        if threads is not None:
+            torch.set_num_threads(int(threads))
+        try:
+            return run_in_process(cfg, run_dir)
+        finally:
+            torch.set_num_threads(before)

@@ -20,6 +20,15 @@ def local_cpu_count() -> int:
     )
 
 
+def thread_environment(cfg: RootConfig) -> dict[str, str]:
+    """Each rank's share of this machine's cores, as OMP_NUM_THREADS (unless the user set it):
+    the ranks of one run share the cores instead of oversubscribing them (torchrun alone would
+    pick 1 and warn), in-process and torchrun runs alike."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, local_cpu_count() // cfg.parallel.ranks_per_node))}
+
+
 class LocalRunner(Runner):
     """A runner whose ranks train on this machine."""
 

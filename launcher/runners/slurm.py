@@ -20,6 +20,7 @@ from launcher.config.root import RootConfig
 from launcher.errors import ConfigError, EnvironmentProblem
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
+from launcher.resources import sbatch_template
 from launcher.rundir import SBATCH_FILE, STOPPED_FILE, slurm_logs
 from launcher.runners.base import Runner
 from launcher.secrets import redactor_for
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 log = get_logger("slurm")
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "train.sbatch"
+TEMPLATE = sbatch_template()  # slurm/train.sbatch, in the checkout or the installed package
 DEFAULT_PORT = "$(( 29500 + SLURM_JOB_ID % 1000 ))"
 """cluster.port=null: a port per job, so that two jobs sharing a first node do not collide."""
 
@@ -146,6 +147,7 @@ class SlurmRunner(Runner):
     """The plan's train.sbatch (rendered once, into the plan) is submitted with sbatch."""
 
     name = "slurm"
+    holds_run_lock = False  # the job's first node takes it (launcher/runners/slurm_node.py)
 
     def command(self, cfg: RootConfig, run_dir: Path) -> list[str]:
         return sbatch_argv(cfg, run_dir)

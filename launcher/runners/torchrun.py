@@ -1,60 +1,75 @@
-"""Several ranks on this node through torchrun (`python -m torch.distributed.run`)."""
+"""Several ranks on this node through torchrun, whose agent runs inside the `launch` process.
+
+The plan's command is torchrun's command line; `launch train` runs exactly those arguments with
+torch's own `torch.distributed.run` in this process (launcher/runners/agent.py) instead of
+starting a second Python that would import torch again. The ranks are children of `launch`,
+each in a session of its own; `launch` relays stop signals to them (launcher/runners/signals.py)
+and they die with it (launcher/worker/__main__.py).
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
-import subprocess
-import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.config.root import RootConfig
-from launcher.exit_codes import STOPPED_RESUMABLE
+from launcher.exit_codes import FAILED, STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.rundir import (
+    AGENT_DIR,
     CONFIG_FILE,
     clear_rank_errors,
     clear_stopped,
-    rank_error_files,
+    rank_failures_file,
     read_stopped,
 )
-from launcher.runners.local import LocalRunner, local_cpu_count
-from launcher.runners.signals import forward_stop_signals
+from launcher.runners.local import LocalRunner, thread_environment
 
 if TYPE_CHECKING:
     from launcher.plan import Plan
 
 log = get_logger("torchrun")
 
+TORCHRUN = "torchrun"
+"""The command's first word: torchrun's arguments follow, run by `launch` itself."""
+MONITOR_INTERVAL_S = 0.1
+"""How often the agent looks at the ranks: the delay between the last rank's exit and the end."""
 
-def torchrun_argv(cfg: RootConfig, config_path: Path) -> list[str]:
-    """The exact command `launch train` runs (and `launch plan` prints).
+
+def torchrun_argv(cfg: RootConfig, run_dir: Path) -> list[str]:
+    """The exact torchrun command `launch train` runs (in its own process) and `launch plan` prints.
 
     --standalone puts the rendezvous on a free port, so runs on one machine never collide.
+    --log-dir keeps torchrun's scratch in the run directory (removed at the end) instead of a
+    torchelastic_* directory in the system temp directory. torchrun's agent handles SIGQUIT only:
+    `launch` relays SIGTERM, SIGUSR1, SIGINT and SIGHUP to the ranks itself.
     """
+    from launcher.runners.agent import handles_signals_option
+
+    signals = ["--signals_to_handle=SIGQUIT"] if handles_signals_option() else []
     return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
+        TORCHRUN,
         "--standalone",
         f"--nproc_per_node={cfg.parallel.ranks_per_node}",
         f"--max_restarts={cfg.train.max_restarts}",
-        "--monitor_interval=0.5",
+        f"--monitor_interval={MONITOR_INTERVAL_S}",
+        f"--log-dir={run_dir / AGENT_DIR}",
+        *signals,
         "-m",
         "launcher.worker",
-        str(config_path),
+        str(run_dir / CONFIG_FILE),
     ]
 
 
 def environment_additions(cfg: RootConfig) -> dict[str, str]:
     """What the ranks' environment gets on top of this one (unless already set); `launch plan`
     shows it next to the command."""
-    extra = {
-        # Share the cores instead of oversubscribing them (torchrun would pick 1 and warn).
-        "OMP_NUM_THREADS": str(max(1, local_cpu_count() // cfg.parallel.ranks_per_node)),
-        "PYTHONUNBUFFERED": "1",
-    }
+    extra = {**thread_environment(cfg), "PYTHONUNBUFFERED": "1"}
     if cfg.train.max_restarts > 0:
         # torchrun's shared rendezvous store keeps the killed ranks' addresses, and restarted
         # ranks would dial them (pytorch/pytorch#135712): give every attempt a fresh store.
@@ -62,18 +77,11 @@ def environment_additions(cfg: RootConfig) -> dict[str, str]:
     return {key: value for key, value in extra.items() if key not in os.environ}
 
 
-def report_failed_ranks(run_dir: Path) -> None:
-    for rank, path in rank_error_files(run_dir):
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-        last = lines[-1] if lines else "(no message)"
-        log.error(f"rank {rank} failed: {last}  (traceback: {path})")
-
-
 class TorchrunRunner(LocalRunner):
     name = "torchrun"
 
     def command(self, cfg: RootConfig, run_dir: Path) -> list[str]:
-        return torchrun_argv(cfg, run_dir / CONFIG_FILE)
+        return torchrun_argv(cfg, run_dir)
 
     def environment(self, cfg: RootConfig) -> dict[str, str]:
         return environment_additions(cfg)
@@ -83,27 +91,50 @@ class TorchrunRunner(LocalRunner):
         return run_torchrun(run_dir, plan.command, plan.env)
 
 
+@contextmanager
+def _environment(additions: dict[str, str]) -> Iterator[None]:
+    """The planned additions in this process's environment (the agent copies it for the ranks)
+    while the agent runs; a sweep's next point plans against the environment it started with."""
+    added = {key: value for key, value in additions.items() if key not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
 def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
-    """Run the planned torchrun command with the planned environment additions."""
+    """Run the planned torchrun command, in this process, with the planned environment additions.
+
+    Exit status: 0, STOPPED_RESUMABLE after a graceful stop, 143 after a second SIGTERM, the status
+    of the rank that failed first (named), or 1 when a signal ended it. A second Ctrl-C raises
+    KeyboardInterrupt.
+    """
+    from launcher.runners.agent import blame, run_agent, write_failures
+    from launcher.runners.signals import StopAtOnce, forward_stop_signals
+
+    assert argv[0] == TORCHRUN, argv
     clear_rank_errors(run_dir)
     clear_stopped(run_dir)
-    # A session of its own: a stop signal for `launch` reaches each rank once, through the
-    # forwarder, and never also straight from the terminal or a process-group kill.
-    proc = subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True)
-    with forward_stop_signals(proc.pid) as forwarder:
-        try:
-            code = proc.wait()
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
-            code = proc.wait()
-    if read_stopped(run_dir) is not None:
-        return STOPPED_RESUMABLE  # stopped on a signal after a checkpoint (rank 0 said where)
-    if forwarder.terms >= 2:
+    rank_failures_file(run_dir).unlink(missing_ok=True)
+    try:
+        with _environment(env), forward_stop_signals():
+            failures = run_agent(argv[1:])
+    except StopAtOnce:
+        if read_stopped(run_dir) is not None:
+            return STOPPED_RESUMABLE  # the ranks had saved and were exiting
         log.warning(
             "stopped at once (a second SIGTERM); a rerun resumes from the last complete checkpoint."
         )
         return 128 + signal.SIGTERM
-    if code != 0:
-        report_failed_ranks(run_dir)
-        log.error(f"the job failed with exit status {code}.")
-    return code
+    finally:
+        shutil.rmtree(run_dir / AGENT_DIR, ignore_errors=True)
+    if read_stopped(run_dir) is not None:
+        return STOPPED_RESUMABLE  # stopped on a signal after a checkpoint (rank 0 said where)
+    if failures:
+        write_failures(rank_failures_file(run_dir), failures)
+        log.error(blame(failures, run_dir))
+        first = failures[0].exitcode  # a rank's own status (DIVERGED, ...) is the job's
+        return first if first > 0 else FAILED
+    return 0

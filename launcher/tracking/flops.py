@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from launcher.config.model import ModelConfig
+from launcher.config.model import AnyModelConfig, ModelConfig
 
 # Dense (no sparsity) bf16 tensor-core peaks in FLOP/s per device, from the vendors' datasheets.
 # First match wins, so specific names come before the names they contain. V100 and T4 have no
@@ -73,13 +74,34 @@ def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq
     return 6 * n_params + 12 * n_layer * n_head * head_dim * seq_len
 
 
-def model_flops_per_token(cfg: ModelConfig) -> int:
-    """flops_per_token for the built-in GPT, counted on a meta-device copy (no memory, no time)."""
-    from launcher.models import GPT
+def model_flops_per_token(cfg: AnyModelConfig) -> int:
+    """Training FLOPs per token of the configured model, from a meta-device copy (no memory, no
+    time): 6N + 12LHQT for the built-in GPT; for any other model, 3x its forward FLOPs on one
+    sequence (matmuls and attention, counted by FlopCounterMode) over seq_len."""
+    from launcher.models import GPT, build_model
 
+    if not isinstance(cfg, ModelConfig):
+        return counted_flops_per_token(build_model, cfg)
     with torch.device("meta"):
         n = non_embedding_params(GPT(cfg))
     return flops_per_token(n, cfg.n_layer, cfg.n_head, cfg.d_model // cfg.n_head, cfg.seq_len)
+
+
+def counted_flops_per_token(build: Any, cfg: AnyModelConfig) -> int:
+    """3 x forward FLOPs of one meta-device sequence / seq_len (backward ~ 2 x forward); a model
+    the meta device cannot run (one reading a tensor's value) counts 6N, N its non-embedding
+    parameters (PaLM's count without the attention term)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = build(cfg)
+        inputs = torch.zeros((1, cfg.seq_len), dtype=torch.long)
+        try:
+            with torch.no_grad(), FlopCounterMode(display=False) as counter:
+                model(inputs)
+        except (NotImplementedError, RuntimeError):
+            return 6 * non_embedding_params(model)
+    return 3 * int(counter.get_total_flops()) // cfg.seq_len
 
 
 def utilisation(

@@ -23,6 +23,7 @@ METRIC_KEYS = (
     "mfu",
     "peak_memory_bytes",
     "skipped",
+    "val_loss",
 )
 """Every metrics.jsonl line carries these keys (null where not applicable); see docs/tracking.md."""
 
@@ -53,6 +54,8 @@ class StepMetrics:
     step_time_s: float
     data_s: float = 0.0
     comm_wait_s: float = 0.0
+    val_loss: float | None = None
+    """The validation loss measured after this step (eval.every); None on other steps."""
 
     @property
     def skipped(self) -> bool:
@@ -85,6 +88,7 @@ class StepMetrics:
             "mfu": mfu,
             "peak_memory_bytes": peak_memory_bytes,
             "skipped": self.skipped,
+            "val_loss": self.val_loss,
         }
         return clean(values)
 
@@ -102,6 +106,7 @@ class RunTotals:
     final_loss: float | None = None
     rank_tokens_min: int | None = None
     rank_tokens_max: int | None = None
+    final_val_loss: float | None = None
 
     def add(self, m: StepMetrics, positions: int) -> None:
         self.steps += 1
@@ -112,6 +117,8 @@ class RunTotals:
         self.comm_wait_s += m.comm_wait_s
         if m.loss is not None:
             self.final_loss = m.loss
+        if m.val_loss is not None:
+            self.final_val_loss = m.val_loss
         low, high = self.rank_tokens_min, self.rank_tokens_max
         self.rank_tokens_min = m.rank_tokens_min if low is None else min(low, m.rank_tokens_min)
         self.rank_tokens_max = m.rank_tokens_max if high is None else max(high, m.rank_tokens_max)

@@ -1,11 +1,21 @@
-"""Console progress: a redrawn bar on a terminal, plain lines otherwise (rank 0 only)."""
+"""Console progress: a redrawn bar on a terminal, plain lines otherwise (rank 0 only).
+
+The ETA comes from the pace of the last `WINDOW` steps, not the average since the start: a run
+that slows down (a machine that became busy, a slower phase) shows it within a few steps, and
+the first step's warm-up stops counting once it leaves the window.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
 from typing import TextIO
+
+WINDOW = 20
+"""Steps whose pace the ETA extrapolates."""
 
 
 def _gib(n: int) -> str:
@@ -15,12 +25,28 @@ def _gib(n: int) -> str:
 class Progress:
     """A one-line progress bar on a terminal; a plain line every `every` steps otherwise."""
 
-    def __init__(self, total: int, every: int, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        total: int,
+        every: int,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.total, self.every = total, every
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty() and os.environ.get("TERM") != "dumb"
-        self.start = time.perf_counter()
+        self.clock = clock
+        self.start = clock()
         self.first_step: int | None = None
+        self.marks: deque[tuple[float, int]] = deque(maxlen=WINDOW + 1)
+        """(time, steps done) of the recent updates; the oldest is the window's start."""
+
+    def eta(self, done: int) -> float:
+        """Seconds left at the pace of the steps in the window (0 when unknown)."""
+        (t0, d0), (t1, d1) = self.marks[0], self.marks[-1]
+        if t1 <= t0 or d1 <= d0:
+            return 0.0
+        return (self.total - done) * (t1 - t0) / (d1 - d0)
 
     def update(
         self,
@@ -33,9 +59,9 @@ class Progress:
         """`done`: optimizer steps completed (1-based step number)."""
         if self.first_step is None:
             self.first_step = done - 1
-        elapsed = time.perf_counter() - self.start
-        rate = (done - self.first_step) / elapsed if elapsed > 0 else 0.0
-        eta = (self.total - done) / rate if rate > 0 else 0.0
+            self.marks.append((self.start, self.first_step))
+        self.marks.append((self.clock(), done))
+        eta = self.eta(done)
         loss_txt = f"{loss:.4f}" if loss is not None else "skipped"
         text = f"step {done}/{self.total} loss {loss_txt} tok/s {tokens_per_s:,.0f}"
         if mfu is not None:

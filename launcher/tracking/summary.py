@@ -59,6 +59,8 @@ class RunSummary:
     rank_tokens_max: int | None
     wandb_run_id: str | None
     status: str = "completed"
+    final_val_loss: float | None = None
+    """The last validation loss measured (eval.every), or None."""
 
     @property
     def exit_status(self) -> int:
@@ -69,6 +71,7 @@ class RunSummary:
         values: dict[str, Any] = {
             "steps": self.steps,
             "final_loss": self.final_loss,
+            "final_val_loss": self.final_val_loss,
             "tokens": self.tokens,
             "tokens_per_s": self.tokens_per_s,
             "train_seconds": self.train_seconds,

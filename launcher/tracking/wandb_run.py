@@ -171,8 +171,9 @@ class WandbRun:
                     resume="allow",
                     mode=w.mode.value,
                     job_type="train",
-                    # Its history sparklines and summary table would fill a SLURM log.
-                    settings=wandb.Settings(quiet=True),
+                    # Its banner, history sparklines and summary table would fill a SLURM log;
+                    # the launcher's own line below says where the run is.
+                    settings=wandb.Settings(quiet=True, silent=True),
                 )
             # Our optimizer step, not wandb's own counter, is the x-axis: a resumed run continues it.
             run.define_metric("step")
@@ -185,7 +186,9 @@ class WandbRun:
             )
             return None
         files = run_dir / WANDB_DIR
-        log.info(f"wandb run {run.id} ({w.mode.value}), files in {files}")
+        url = getattr(run, "url", None) if w.mode == WandbMode.online else None
+        where = f"{url}, " if url else ""
+        log.info(f"wandb run {run.id} ({w.mode.value}), {where}files in {files}")
         return cls(run, w.mode == WandbMode.offline, files)
 
     def log(self, metrics: dict[str, Any]) -> None:

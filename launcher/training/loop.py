@@ -33,6 +33,7 @@ from launcher.engines.base import Engine
 from launcher.logs import get_logger
 from launcher.tracking.metrics import RunTotals
 from launcher.tracking.tracker import Tracker
+from launcher.training.evaluation import EvalHook
 from launcher.training.hooks import StepCallback, StopRequest
 from launcher.training.loss import (
     LossFn,
@@ -43,7 +44,7 @@ from launcher.training.loss import (
     token_loss_sum,
 )
 from launcher.training.prefetch import Batch, Prefetcher
-from launcher.training.step import StepResult
+from launcher.training.step import StepResult, check_finite
 from launcher.training.steptime import StepClock
 
 log = get_logger("loop")
@@ -94,6 +95,8 @@ class Trainer:
         # the step's counts all-reduce, and the loss of a step with no next step to ride on.
         self.counts: Any = StepCounts
         self.reduce_loss: Any = reduce_loss_sum
+        self.evaluate: EvalHook | None = None
+        """The validation loss after a step (training/evaluation.py), before the callbacks."""
 
     def continue_from(self, step: int, totals: RunTotals) -> None:
         """Continue a resumed run: `step` steps done, the run's totals so far."""
@@ -171,11 +174,13 @@ class Trainer:
         carry, self.pending = self.pending, None
         result = self.train_step(self.step, stop, carry)
         if carry is not None:
-            self.tracker.log_step(carry.metrics())
+            self._log(carry)
         if result.stopped:
             return False
         self.step += 1
         self.pending = result
+        if self.evaluate is not None:
+            result.val_loss = self.evaluate(self.step)
         for callback in self.callbacks:
             callback.after_step(self.step)
         return True
@@ -187,7 +192,12 @@ class Trainer:
             return
         if result.global_loss_sum is None and result.loss_sum is not None:
             result.global_loss_sum = self.reduce_loss(result.loss_sum)
-        self.tracker.log_step(result.metrics())
+        self._log(result)
+
+    def _log(self, result: StepResult) -> None:
+        """Record a finished step; a NaN or infinite loss stops the run here (LossNotFinite),
+        before any checkpoint of a later state: every save flushes the step in flight first."""
+        self.tracker.log_step(check_finite(result.metrics(), self.tracker.run_dir))
 
     def train(self, stop: StopRequest | None = None) -> bool:
         """Train up to train.steps; False when the ranks agreed to stop early (a stop signal)."""

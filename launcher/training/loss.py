@@ -24,7 +24,16 @@ from launcher.data.sequence import IGNORE_INDEX
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Sum (not mean) of cross-entropy over targets != -100, in fp32."""
+    """Sum (not mean) of cross-entropy over targets != -100, in fp32.
+
+    logits [batch, seq, vocab] with targets [batch, seq] (a language model), or logits
+    [batch, classes] with targets [batch] (a classifier: one label per sample, so the valid
+    "tokens" of the exact mean are the labelled samples)."""
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)}: expected "
+            "logits [batch, seq, vocab] for targets [batch, seq], or [batch, classes] for [batch]"
+        )
     return F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]),
         targets.reshape(-1),

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from launcher.errors import LauncherError
+from launcher.exit_codes import DIVERGED
 from launcher.tracking.metrics import StepMetrics
 from launcher.training.batch import BatchSplit
 from launcher.training.loss import StepTokens
@@ -34,6 +38,8 @@ class StepResult:
     """The summed token loss over all ranks, once known."""
     stopped: bool = False
     """The ranks agreed to stop before this step (a stop signal); nothing was trained."""
+    val_loss: float | None = None
+    """The validation loss measured after this step (eval.every), or None."""
 
     @property
     def skipped(self) -> bool:
@@ -67,4 +73,40 @@ class StepResult:
             step_time_s=self.times.total_s,
             data_s=self.times.data_s,
             comm_wait_s=self.times.comm_s,
+            val_loss=self.val_loss,
         )
+
+
+class LossNotFinite(LauncherError):
+    """The loss of a step is NaN or infinite. Raised when the step is logged, which is always
+    before any checkpoint of a later state is saved (a save logs the step in flight first), so
+    the newest checkpoint on disk is the last good one."""
+
+    exit_code = DIVERGED
+
+    def __init__(self, metrics: StepMetrics, run_dir: Path | None) -> None:
+        from launcher.checkpoint.files import find_checkpoints
+
+        found = find_checkpoints(run_dir, warn=False) if run_dir is not None else []
+        last = (
+            f"the last good checkpoint is step {found[0].step} ({found[0].path})"
+            if found
+            else "there is no checkpoint to go back to"
+        )
+        self.step = metrics.step
+        super().__init__(
+            f"step {metrics.step}: the loss is {metrics.loss} (learning rate {metrics.lr:.3g}, "
+            f"gradient norm {metrics.grad_norm}); training stopped and nothing of this state was "
+            f"saved: {last}. Fix: lower optim.lr (or lengthen optim.warmup_steps, keep "
+            "optim.grad_clip > 0), check the data for broken samples, or train in fp32/bf16 "
+            "rather than fp16; a changed optim.* cannot resume these checkpoints, so start over "
+            "(a new hydra.run.dir, or train.resume=never checkpoint.overwrite=true)."
+        )
+
+
+def check_finite(metrics: StepMetrics, run_dir: Path | None) -> StepMetrics:
+    """The step's metrics, or LossNotFinite when its loss is NaN or infinite (the same on every
+    rank: the loss is the global mean, so every rank stops at the same step)."""
+    if metrics.loss is not None and not math.isfinite(metrics.loss):
+        raise LossNotFinite(metrics, run_dir)
+    return metrics

@@ -1,19 +1,38 @@
-"""Entry point of every rank under torchrun: `python -m launcher.worker <run dir>/config.yaml`."""
+"""Entry point of every rank under torchrun: `python -m launcher.worker <run dir>/config.yaml`.
+
+First, before the heavy imports, the rank ties its life to torchrun's agent (in `launch`, or
+`launcher.runners.slurm_node` on a SLURM node): the kernel kills it when the agent dies, so a
+kill -9 of `launch` never leaves ranks training on.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
-from pathlib import Path
-
-from torch.distributed.elastic.multiprocessing.errors import record
-
-from launcher.config import load_config_file
-from launcher.errors import LauncherError
-from launcher.worker.run import run_in_process
 
 
-@record
+def _die_with_agent() -> None:
+    from launcher.lifetime import AGENT_PID_ENV, die_with_parent
+
+    agent = os.environ.get(AGENT_PID_ENV, "")
+    die_with_parent(parent=int(agent) if agent.isdigit() else None)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _die_with_agent()
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    code = record(_main)(argv)  # a failure's traceback also goes to torchrun's error file
+    return 1 if code is None else code
+
+
+def _main(argv: list[str] | None) -> int:
+    from pathlib import Path
+
+    from launcher.config import load_config_file
+    from launcher.errors import LauncherError
+    from launcher.worker.run import run_in_process
+
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m launcher.worker <run dir>/config.yaml", file=sys.stderr)
@@ -28,4 +47,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from launcher.lifetime import exit_now
+
+    exit_now(main())

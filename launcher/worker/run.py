@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import traceback
 import warnings
@@ -12,8 +13,9 @@ import torch
 from torch import nn
 
 from launcher.checkpoint.checkpointer import Checkpointer
+from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
-from launcher.data import build_dataset
+from launcher.data.build import build_datasets, vocab_of
 from launcher.distributed import (
     DistContext,
     check_world_size,
@@ -23,13 +25,14 @@ from launcher.distributed import (
 from launcher.engines import build_engine
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger, setup_logging
-from launcher.models import GPT
+from launcher.models import build_model as construct_model
 from launcher.recompute.measure import activation_report
 from launcher.recompute.policies import apply_recompute
 from launcher.rundir import clear_stopped, rank_error_file, read_stopped
 from launcher.secrets import redact
 from launcher.tracking.summary import RunEnd, RunShape, StoppedRun
 from launcher.tracking.tracker import peak_memory_bytes, start_tracking
+from launcher.training.evaluation import Evaluator
 from launcher.training.loop import Trainer
 from launcher.worker.debug import debug_callbacks, loss_function
 from launcher.worker.evaluate import exact_match
@@ -69,8 +72,8 @@ def warn_batch_dependent_layers(model: nn.Module, micro_size: int, global_size: 
 
 def build_model(cfg: RootConfig) -> nn.Module:
     seed_everything(cfg.train.seed)  # the same initial weights on every rank and every split
-    model = GPT(cfg.model)
-    apply_recompute(model, cfg.ac)
+    model = construct_model(cfg.model)  # the built-in GPT, or the user's own by `_target_`
+    apply_recompute(model, cfg.ac, blocks_path(cfg.model))
     return model
 
 
@@ -84,12 +87,16 @@ def train_rank(
     engine = build_engine(cfg, model, ctx)
     # Dropout differs per rank; the data order never depends on this.
     torch.manual_seed(cfg.train.seed + 1_000_003 * (ctx.rank + 1))
-    dataset = build_dataset(cfg.data, cfg.model.seq_len, cfg.train.seed)
+    vocab = getattr(cfg.model, "vocab_size", None) or vocab_of(model)
+    data = build_datasets(cfg.data, cfg.model.seq_len, cfg.train.seed, vocab)
+    dataset = data.train
     tracker = start_tracking(cfg, run_dir, ctx)
     trainer = Trainer(cfg, ctx, engine, dataset, tracker, loss_fn=loss_function(cfg))
     checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
     # Checkpoints first: a test's pause after a step comes once the step is saved.
     trainer.callbacks = [checkpoints, *debug_callbacks(cfg, ctx.rank)]
+    if cfg.eval.every and data.val is not None:
+        trainer.evaluate = Evaluator(cfg, ctx, engine, data.val)
     try:
         resumed = checkpoints.resume(restarted=restart_attempt() > 0 or requeued_by_slurm())
         if resumed is not None:
@@ -127,6 +134,7 @@ def train_rank(
         resumed_from_step=resumed.step if resumed is not None else None,
         activations=activations,
     )
+    summary = dataclasses.replace(summary, final_val_loss=tracker.totals.final_val_loss)
     tracker.finish(summary)
     if ctx.is_main:
         acc = f", eval exact-match {accuracy:.3f}" if accuracy is not None else ""

@@ -7,9 +7,11 @@ and the job exits with STOPPED_RESUMABLE (75). Nothing is done inside the handle
 A second SIGTERM stops at once: after the first one, SIGTERM gets its default action back, so the
 kernel ends the process even while it is blocked in a collective or a write. SIGUSR1 (SLURM's
 usual "time is nearly up" warning) only asks; a SIGTERM after it still counts as the first.
+Ctrl-C (SIGINT) is a stop like SIGTERM; a second Ctrl-C raises KeyboardInterrupt (Python's own
+handler is back after the first), which `launch` reports as an abort, exit 130.
 
-`launch` itself runs the ranks under torchrun in a session of their own and forwards the signals
-it receives to the ranks (launcher/runners/signals.py), so each rank gets each signal once.
+`launch` runs torchrun's ranks in sessions of their own and forwards the signals it receives to
+the ranks (launcher/runners/signals.py), so each rank gets each signal once.
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from launcher.lifetime import AGENT_PID_ENV
 from launcher.logs import get_logger
 
 log = get_logger("stop")
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+CTRL_C_STOPPING = (
+    "Ctrl-C: stopping after this step and saving a checkpoint; press Ctrl-C again to abort."
+)
 
 
 class StopFlag:
@@ -47,11 +53,18 @@ class StopFlag:
         if signum == signal.SIGTERM:
             # The next SIGTERM kills at once, whatever the process is doing.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        elif signum == signal.SIGINT:
+            # The next Ctrl-C aborts: KeyboardInterrupt, which `launch` turns into exit 130.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if not self.requested:
             self.request(signal.Signals(signum).name)
+            if signum == signal.SIGINT and AGENT_PID_ENV in os.environ:
+                return  # relayed by `launch`, which said it on the terminal already
             log.info(  # rank 0 speaks for all
-                f"{self.signal_name}: stopping after the current optimizer step, saving a checkpoint "
-                "(send SIGTERM again to stop at once)."
+                CTRL_C_STOPPING
+                if signum == signal.SIGINT
+                else f"{self.signal_name}: stopping after the current optimizer step, saving a "
+                "checkpoint (send SIGTERM again to stop at once)."
             )
 
 

@@ -46,7 +46,7 @@ def test_plan_writes_files_and_starts_nothing(tmp_path: Path) -> None:
     out = run_launch(
         ["plan", "parallel.dp=2", "batch.global_size=16", "batch.micro_size=4"], run_dir
     ).stdout
-    assert "torch.distributed.run --standalone --nproc_per_node=2" in out
+    assert "command     torchrun --standalone --nproc_per_node=2" in out  # run inside launch
     assert "grad_accum 2" in out and "384 positions" in out
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["grad_accum"] == 2 and plan["micro_size"] == 4 and plan["world_size"] == 2

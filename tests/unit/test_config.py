@@ -80,8 +80,14 @@ def test_every_yaml_composes_and_validates(
     extra: list[str] = []
     sample = tmp_path / "data.txt"
     sample.write_text('{"prompt": "a", "completion": "b"}\n')
-    if group == "data" and option in ("text", "jsonl"):
+    if group == "data" and option in ("text", "jsonl", "tokens", "hf"):
         extra.append(f"data.path={sample}")
+    if group == "data" and option == "hf":
+        extra.append(f"data.tokenizer={tmp_path}")
+    if group == "data" and option == "custom":
+        extra.append("data._target_=my_project.data.make_dataset")
+    if group == "model" and option == "custom":
+        extra.append("model._target_=tests.fixtures.models.TinyLM")
     override = f"+{group}={option}" if group in ("experiment", "sweep") else f"{group}={option}"
     cfg = compose(config_name="config", overrides=[override, *extra])
     root = to_root_config(cfg)
@@ -139,7 +145,7 @@ def test_every_key_is_documented() -> None:
         ("seed=3", "seed", ["did you mean train.seed?"]),
         ("parallel.dp=two", "parallel.dp", ["'two' is not a whole number"]),
         ("train.precision=fp8", "train.precision", ["'fp8'", "fp32, bf16, fp16"]),
-        ("model=huge", "model", ["'huge'", "gpt2, small, tiny"]),
+        ("model=huge", "model", ["'huge'", "custom, gpt2, hf, small, tiny"]),
         ("model=smal", "model", ["did you mean model=small?"]),
         ("checkpoint.enabled=maybe", "checkpoint.enabled", ["true or false"]),
         ("train.steps=null", "train.steps", ["cannot be null"]),
@@ -199,7 +205,7 @@ def test_hydra_errors_are_translated(hydra_conf) -> None:
     from launcher.config.overrides import translate_hydra_error
 
     cases = [
-        (["model=huge"], "model", "gpt2, small, tiny"),
+        (["model=huge"], "model", "custom, gpt2, hf, small, tiny"),
         (["experiment=accumulation"], "experiment", "+experiment=accumulation"),
         (["engine.extra.foo=1"], "engine.extra.foo", "+engine.extra.foo=1"),
         (["batch.grad_acum=2"], "batch.grad_acum", "batch.grad_accum"),

@@ -100,3 +100,30 @@ def test_a_child_dies_with_its_parent() -> None:
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
     assert _wait_gone(child_pid), "the child outlived its killed parent"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_rank_whose_agent_is_already_gone_dies_at_once() -> None:
+    """A rank names its agent (LAUNCHER_AGENT_PID): if that is not its parent any more, the agent
+    died before the rank could ask to die with it."""
+    code = (
+        "from launcher.lifetime import die_with_parent; die_with_parent(parent=1); print('alive')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL and "alive" not in proc.stdout
+
+
+def test_exit_now_runs_the_exit_handlers_and_keeps_the_status(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import atexit, sys
+        from pathlib import Path
+        from launcher.lifetime import exit_now
+        atexit.register(lambda: Path({str(tmp_path / "handler_ran")!r}).touch())
+        print("buffered", end="")
+        exit_now(75)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 75 and proc.stdout == "buffered"
+    assert (tmp_path / "handler_ran").exists()

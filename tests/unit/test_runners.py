@@ -80,7 +80,7 @@ def test_plan_holds_every_file_it_writes(tmp_path: Path, sections: dict, files: 
     assert written["files"] == files
     assert written["command"] == plan.command and written["env"] == plan.env
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["config.yaml", "plan.json", *files]
+        [".lock", "config.yaml", "plan.json", *files]  # .lock: the run directory's lock
     )
     if "train.sbatch" in files:
         assert (tmp_path / "train.sbatch").stat().st_mode & stat.S_IXUSR
@@ -164,3 +164,89 @@ def test_in_process_runner_runs_the_worker_here(
     runner = runner_for(cfg)
     assert runner.run(cfg, tmp_path, build_plan(cfg, tmp_path, runner)) == 0
     assert calls == [tmp_path]
+
+
+def test_in_process_runs_cap_threads_like_torchrun_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17, item 5: in-process runs used every core whatever else ran."""
+    import torch
+
+    from launcher.runners import local
+    from launcher.worker import run as worker_run
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(local, "local_cpu_count", lambda: 3)
+    one, two = config(), config(parallel={"dp": 2})
+    assert InProcessRunner().environment(one) == {"OMP_NUM_THREADS": "3"}
+    assert TorchrunRunner().environment(two)["OMP_NUM_THREADS"] == "1"  # 3 cores // 2 ranks
+    plan = commands.plan_command(one, tmp_path)
+    assert (
+        plan.env == {"OMP_NUM_THREADS": "3"} and "env         OMP_NUM_THREADS=3" in plan.describe()
+    )
+    seen: list[int] = []
+
+    def run_in_process(cfg: RootConfig, run_dir: Path) -> int:
+        seen.append(torch.get_num_threads())
+        return 0
+
+    monkeypatch.setattr(worker_run, "run_in_process", run_in_process)
+    before = torch.get_num_threads()
+    plan.env["OMP_NUM_THREADS"] = "1"
+    assert InProcessRunner().run(one, tmp_path, plan) == 0
+    assert seen == [1] and torch.get_num_threads() == before
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice stands
+    assert InProcessRunner().environment(one) == {}
+
+
+def test_a_slurm_submission_leaves_the_lock_to_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launcher.lifetime import RunLock
+
+    _fake_sbatch(tmp_path, monkeypatch)
+    run_dir = tmp_path / "run"
+    cfg = config(cluster={**SLURM, "wait": True}, parallel={"dp": 2})
+
+    def run(self: Runner, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
+        RunLock(run_dir).acquire().release()  # as the job's first node does
+        return 0
+
+    monkeypatch.setattr(SlurmRunner, "run", run)
+    assert commands.train_command(cfg, run_dir) == 0
+
+
+def test_blame_names_the_rank_that_died_first(tmp_path: Path) -> None:
+    from launcher.runners.agent import RankFailure, blame
+
+    (tmp_path / "error_rank0.txt").write_text(
+        "Traceback ...\nRuntimeError: Connection closed by peer\n"
+    )
+    killed, failed = RankFailure(1, -9, 1000), RankFailure(0, 1, 999)
+    text = blame([killed, failed], tmp_path)
+    assert text.startswith(
+        "rank 1 died first (SIGKILL, exit -9); rank 0 then failed (exit 1): RuntimeError: "
+        "Connection closed by peer"
+    )
+    # rank 0 not among torchrun's failures (it ended after torchrun noticed rank 1)
+    assert blame([killed], tmp_path).startswith(
+        "rank 1 died first (SIGKILL, exit -9); rank 0 then failed: RuntimeError: Connection"
+    )
+    assert blame([failed], tmp_path).startswith("rank 0 failed first (exit 1): RuntimeError")
+
+
+def test_failures_are_ordered_signal_first_then_by_time() -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from launcher.runners.agent import failures_of
+
+    def failure(rank: int, code: int) -> ProcessFailure:
+        return ProcessFailure(
+            local_rank=rank, pid=100 + rank, exitcode=code, error_file="/nonexistent"
+        )
+
+    exc = ChildFailedError("x", {0: failure(0, 1), 1: failure(1, -9), 2: failure(2, 1)})
+    exc.failures[0].timestamp = 5  # rank 0 raised before rank 2; rank 1 was killed
+    exc.failures[2].timestamp = 7
+    exc.failures[1].timestamp = 9  # torchrun's notice, later than the kill
+    assert [f.rank for f in failures_of(exc)] == [1, 0, 2]

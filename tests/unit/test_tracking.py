@@ -92,6 +92,7 @@ SHAPE = RunShape(
 SUMMARY_KEYS = [
     "steps",
     "final_loss",
+    "final_val_loss",
     "tokens",
     "tokens_per_s",
     "train_seconds",

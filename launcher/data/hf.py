@@ -1,0 +1,205 @@
+"""data=hf: a local dataset (parquet, json/jsonl, arrow, csv, or a saved dataset directory) read
+with `datasets`, tokenized once with a local tokenizer and cached on disk as flat token files.
+
+Pretraining (data.text_field): documents, each followed by EOS, concatenated and cut into windows
+of seq_len + 1 (launcher/data/tokens.py). Fine-tuning (data.prompt_field, data.completion_field):
+prompt + completion + EOS per record, prompt tokens never targets (-100); one record per padded
+sequence, or records packed into full windows with data.packing=true.
+
+The cache key covers the data files' identity (path, size, modification time), the tokenizer's
+files and the fields and EOS; not seq_len or packing, which only change how windows are cut. One
+process tokenizes under a file lock while the others wait on it (in-process, torchrun, SLURM on a
+shared file system); the result is renamed into place whole, so a reader never sees half of it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from launcher.config.data import DataConfig
+from launcher.data.records import PaddedRecords
+from launcher.data.sequence import TokenDataset
+from launcher.data.tokenizer import LocalTokenizer, load_tokenizer, require
+from launcher.data.tokens import PackedTokens
+from launcher.errors import DataError
+from launcher.logs import get_logger
+
+log = get_logger("data")
+
+FORMAT = 1
+"""Bumped when the cache layout changes."""
+BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow"}
+BUILDERS[".csv"] = "csv"
+SAVED_MARKS = ("dataset_info.json", "state.json", "dataset_dict.json")
+BATCH = 1000
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    default = os.environ.get("LAUNCHER_CACHE") or Path.home() / ".cache" / "launcher" / "data"
+    return Path(cfg.cache_dir or default).expanduser()
+
+
+def data_identity(path: Path) -> list[tuple[str, int, int]]:
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+
+
+def fields(cfg: DataConfig) -> dict[str, str]:
+    if cfg.prompt_field is not None and cfg.completion_field is not None:
+        return {
+            "data.prompt_field": cfg.prompt_field,
+            "data.completion_field": cfg.completion_field,
+        }
+    return {"data.text_field": cfg.text_field}
+
+
+def load_records(key: str, path: Path, cfg: DataConfig, hf_cache: Path) -> Any:
+    """The dataset's records (a datasets.Dataset), its fields checked."""
+    datasets = require("datasets")
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    if not path.exists():
+        raise DataError(f"{key}: no such file or directory: {path}. Fix: point {key} at the data.")
+    try:
+        if path.is_dir() and any((path / m).is_file() for m in SAVED_MARKS):
+            ds = datasets.load_from_disk(str(path))
+        elif path.is_dir():
+            ds = datasets.load_dataset(str(path), cache_dir=str(hf_cache))
+        elif path.suffix in BUILDERS:
+            ds = datasets.load_dataset(
+                BUILDERS[path.suffix], data_files=str(path), split="train", cache_dir=str(hf_cache)
+            )
+        else:
+            raise DataError(
+                f"{key}: {path} has suffix {path.suffix!r}; data=hf reads "
+                f"{', '.join(BUILDERS)} files or a dataset directory. Fix: rename or convert it."
+            )
+    except DataError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise DataError(
+            f"{key}: cannot read {path} ({type(exc).__name__}: {first}). Fix: check the file's "
+            "format (one JSON object per line for .jsonl)."
+        ) from None
+    if isinstance(ds, (datasets.DatasetDict, dict)):
+        if cfg.split not in ds:
+            raise DataError(
+                f"data.split: {path} has no split {cfg.split!r} (it has {', '.join(ds)}). "
+                f"Fix: data.split={next(iter(ds))}."
+            )
+        ds = ds[cfg.split]
+    names = list(ds.column_names)
+    for field_key, name in fields(cfg).items():
+        if name not in names:
+            raise DataError(
+                f"{field_key}: no field {name!r} in {path} (its fields: {', '.join(names)}). "
+                f"Fix: {field_key}=<one of those>."
+            )
+    return ds
+
+
+def _texts(batch: dict[str, list[Any]], name: str, key: str, path: Path, first: int) -> list[str]:
+    values = batch[name]
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise DataError(
+                f"{key}: record {first + i} of {path} has {name}={v!r}, not a string. "
+                "Fix: clean the data, or point the field key at a text field."
+            )
+    return values
+
+
+def tokenize_to(out: Path, ds: Any, tok: LocalTokenizer, cfg: DataConfig, path: Path) -> None:
+    """Write tokens.bin (uint32), and for fine-tuning mask.bin (1 = a target) and offsets.npy."""
+    named = fields(cfg)
+    tuning = "data.prompt_field" in named
+    offsets, n, top = [0], 0, -1
+    with open(out / "tokens.bin", "wb") as tokens, open(out / "mask.bin", "wb") as mask:
+        for first in range(0, len(ds), BATCH):
+            batch = ds[first : first + BATCH]
+            cols = [
+                tok.encode(_texts(batch, name, key, path, first)) for key, name in named.items()
+            ]
+            for parts in zip(*cols, strict=True):
+                ids = [t for part in parts for t in part] + [tok.eos_id]
+                trained = [0] * len(parts[0]) + [1] * (len(ids) - len(parts[0]))
+                tokens.write(np.asarray(ids, dtype=np.uint32).tobytes())
+                if tuning:
+                    mask.write(np.asarray(trained, dtype=np.uint8).tobytes())
+                n += len(ids)
+                top = max(top, *ids)
+                offsets.append(n)
+    if tuning:
+        np.save(out / "offsets.npy", np.asarray(offsets, dtype=np.int64))
+    else:
+        (out / "mask.bin").unlink()
+    meta = {"format": FORMAT, "tokens": n, "records": len(offsets) - 1, "max_id": top}
+    meta |= {"eos_id": tok.eos_id, "vocab_size": tok.vocab_size, "tuning": tuning}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+
+
+def prepare(key: str, path_text: str, cfg: DataConfig) -> tuple[Path, bool]:
+    """The tokenized cache directory of one data file, built if missing; (dir, built here)."""
+    path = Path(path_text).expanduser().resolve()
+    if not path.exists():
+        raise DataError(f"{key}: no such file or directory: {path}. Fix: point {key} at the data.")
+    tok = load_tokenizer(cfg.tokenizer or "", cfg.eos_token)
+    ident = {"format": FORMAT, "data": data_identity(path), "tokenizer": tok.identity()}
+    ident |= {"fields": fields(cfg), "split": cfg.split, "eos": tok.eos_id}
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+    root = cache_root(cfg)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{path.stem}-{digest}"
+    with open(root / f"{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first process builds; the others wait here
+        if (final / "meta.json").is_file():
+            return final, False
+        ds = load_records(key, path, cfg, root / "hf")
+        tmp = root / f"{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        log.info(f"tokenizing {path} ({len(ds):,} records) once; cached in {final}")
+        tokenize_to(tmp, ds, tok, cfg, path)
+        try:
+            tmp.rename(final)
+        except OSError:  # another node built it meanwhile (a lock the file system ignores)
+            shutil.rmtree(tmp, ignore_errors=True)
+        return final, True
+
+
+def open_cached(
+    directory: Path, cfg: DataConfig, seq_len: int, vocab_size: int | None
+) -> TokenDataset:
+    meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+    if vocab_size is not None and max(meta["max_id"] + 1, meta["vocab_size"]) > vocab_size:
+        raise DataError(
+            f"data.tokenizer: {cfg.tokenizer} has a vocabulary of {meta['vocab_size']} (its "
+            f"largest id in {directory.name} is {meta['max_id']}), past the model's vocabulary "
+            f"of {vocab_size}. Fix: set "
+            f"model.vocab_size={meta['vocab_size']} or more, or use the model's own tokenizer."
+        )
+    tokens = np.memmap(directory / "tokens.bin", dtype=np.uint32, mode="r")
+    if not meta["tuning"]:
+        return PackedTokens(tokens, seq_len, pad_id=meta["eos_id"])
+    mask = np.memmap(directory / "mask.bin", dtype=np.uint8, mode="r")
+    if cfg.packing:
+        return PackedTokens(tokens, seq_len, mask, pad_id=meta["eos_id"])
+    offsets = np.load(directory / "offsets.npy")
+    return PaddedRecords(tokens, mask, offsets, seq_len, pad_id=meta["eos_id"])
+
+
+def hf_dataset(
+    key: str, path: str, cfg: DataConfig, seq_len: int, vocab_size: int | None
+) -> tuple[TokenDataset, bool]:
+    """The tokenized dataset of data.path or data.val_path; and whether it was tokenized now."""
+    directory, built = prepare(key, path, cfg)
+    return open_cached(directory, cfg, seq_len, vocab_size), built

@@ -1,0 +1,119 @@
+"""torchrun's agent inside this process, and who is to blame when a rank fails.
+
+The local torchrun runner runs the agent in the `launch` process itself (no second Python
+importing torch again), and each SLURM node's task (launcher/runners/slurm_node.py) runs it the
+same way: `torch.distributed.run`'s own `parse_args` and `run`, with torchrun's arguments. The
+ranks are then children of this process; each ties its life to it at start-up
+(launcher/worker/__main__.py, `die_with_parent`), so that a kill -9 of this process never leaves
+ranks training on.
+
+When ranks fail, torchrun knows which one ended first and how (its exit status or signal); the
+ranks' own error files (`error_rank<r>.txt`) say what the others then saw. `blame` puts the two
+together: `rank 1 died first (SIGKILL, exit -9); rank 0 then failed: Connection closed by peer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig
+from torch.distributed.run import parse_args, run
+
+from launcher.lifetime import AGENT_PID_ENV
+from launcher.rundir import rank_error_files
+
+
+def handles_signals_option() -> bool:
+    """Whether this torch's torchrun takes --signals_to_handle (torch >= 2.8)."""
+    return "signals_to_handle" in {f.name for f in dataclasses.fields(LaunchConfig)}
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    exitcode: int
+    timestamp: int
+    """Seconds since the epoch (torchrun's resolution)."""
+
+    @property
+    def signal(self) -> str | None:
+        """The signal that ended the rank (SIGKILL, ...), None when it exited by itself."""
+        if self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+
+def failures_of(exc: ChildFailedError) -> list[RankFailure]:
+    """The failed ranks, the one that failed first first.
+
+    torchrun records the ranks that had ended when it noticed the first failure (before it stops
+    the others), with a timestamp: when the rank wrote its error file, or for a rank killed by a
+    signal (no error file) when torchrun noticed it, a later time. So a rank ended by a signal
+    comes first: that signal never came from torchrun (it stops the others only after recording
+    these), and it is never a consequence of a peer's failure, which an exception often is.
+    """
+    failures = [
+        RankFailure(int(rank), failure.exitcode, int(failure.timestamp))
+        for rank, failure in exc.failures.items()
+    ]
+    return sorted(failures, key=lambda f: (f.signal is None, f.timestamp, f.rank))
+
+
+def run_agent(args: list[str]) -> list[RankFailure]:
+    """Run torchrun with these arguments in this process (main thread); the failed ranks, first
+    first, or [] when every rank ended with status 0."""
+    os.environ[AGENT_PID_ENV] = str(os.getpid())
+    try:
+        run(parse_args(args))
+    except ChildFailedError as exc:
+        return failures_of(exc)
+    return []
+
+
+def write_failures(path: Path, failures: list[RankFailure]) -> None:
+    records = [{**dataclasses.asdict(f), "signal": f.signal} for f in failures]
+    path.write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    except OSError:
+        return "(no message)"
+    return lines[-1] if lines else "(no message)"
+
+
+def blame(failures: list[RankFailure], run_dir: Path | None) -> str:
+    """One line: the rank that failed first and how, then what the others reported (their
+    error files in the run directory)."""
+    found = rank_error_files(run_dir) if run_dir is not None else []
+    errors = {int(rank): path for rank, path in found if rank.isdigit()}
+    parts: list[str] = []
+    told: set[int] = set()
+    for i, failure in enumerate(failures):
+        if failure.signal is not None:
+            how = "died first" if i == 0 else "then died"
+            parts.append(f"rank {failure.rank} {how} ({failure.signal}, exit {failure.exitcode})")
+        else:
+            how = "failed first" if i == 0 else "then failed"
+            message = _last_line(errors[failure.rank]) if failure.rank in errors else ""
+            parts.append(
+                f"rank {failure.rank} {how} (exit {failure.exitcode})"
+                + (f": {message}" if message else "")
+            )
+        told.add(failure.rank)
+    for rank, path in sorted(errors.items()):
+        if rank not in told:
+            parts.append(f"rank {rank} then failed: {_last_line(path)}")
+    traces = [str(path) for _, path in sorted(errors.items())]
+    text = "; ".join(parts) or "a rank failed"
+    return text + (f"  (tracebacks: {', '.join(traces)})" if traces else "")

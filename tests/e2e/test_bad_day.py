@@ -1,0 +1,182 @@
+"""Issue 17's bad day through `launch`, with real processes and real files: every checkpoint
+damaged, a loss that becomes NaN, a plan larger than the machine, a full disk (a real tmpfs of a
+few MiB as the run directory), and the console noise of a plain run."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher.checkpoint.files import find_checkpoints, inspect
+from launcher.exit_codes import DIVERGED
+from tests.helpers import FAST, read_metrics, read_summary, run_launch
+
+pytestmark = pytest.mark.e2e
+
+ENV = {"OMP_NUM_THREADS": "1"}
+SMALL = ["train", *FAST, "batch.global_size=8", "batch.micro_size=4"]
+HUGE = "batch.global_size=1000000000000"
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+
+
+def errors(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if "error:" in line]
+
+
+# --- item 10: damaged checkpoints are never silently restarted over -----------------------------
+
+
+@pytest.mark.parametrize("damage", ["truncated", "unloadable"])
+def test_when_no_checkpoint_can_be_resumed_launch_refuses_and_keeps_them(
+    damage: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    args = [*SMALL, "train.steps=4", "checkpoint.every=2"]
+    run_launch(args, run_dir, env=ENV)
+    root = run_dir / "checkpoints"
+    for ckpt in sorted(root.glob("step_*")):
+        if damage == "truncated":  # `launch` sees it against complete.json, before any rank
+            shard = max((ckpt / "engine").glob("*.distcp"), key=os.path.getsize)
+            os.truncate(shard, shard.stat().st_size - 100)
+        else:  # same size: only the rank that loads it can tell
+            metadata = ckpt / "engine" / ".metadata"
+            metadata.write_bytes(b"\0" * metadata.stat().st_size)
+    before, metrics = snapshot(root), (run_dir / "metrics.jsonl").read_text()
+
+    proc = run_launch(args, run_dir, env=ENV, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    [line] = [e for e in errors(proc) if "train.resume" in e]
+    assert "step_2 (" in line and "step_4 (" in line and "none can be resumed" in line
+    assert "train.resume=never checkpoint.overwrite=true" in line
+    assert "Traceback" not in proc.stderr
+    assert snapshot(root) == before  # not one byte overwritten
+    assert (run_dir / "metrics.jsonl").read_text() == metrics  # no second history appended
+
+    # The explicit way to start over.
+    run_launch([*args, "train.resume=never", "checkpoint.overwrite=true"], run_dir, env=ENV)
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3, 4]
+
+
+# --- item 12: a loss that becomes NaN; a plan larger than the machine ---------------------------
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
+    dp: int, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    args = [*SMALL, f"parallel.dp={dp}", "train.steps=6", "checkpoint.every=1"]
+    proc = run_launch(
+        [*args, "optim.lr=1e30", "optim.warmup_steps=0"], run_dir, env=ENV, check=False
+    )
+    # Through torchrun too: `launch` returns the status of the rank that failed first.
+    assert proc.returncode == DIVERGED, proc.stdout + proc.stderr
+    found = [e for e in errors(proc) if "the loss is nan" in e or "the loss is inf" in e]
+    assert found, proc.stdout + proc.stderr
+    match = re.search(r"error: step (\d+): the loss is (nan|inf)", found[0])
+    assert match is not None, found[0]
+    bad = int(match.group(1))
+    assert "the last good checkpoint is step" in found[0] and "Fix: lower optim.lr" in found[0]
+    saved = [c.step for c in find_checkpoints(run_dir)]
+    assert saved and max(saved) == bad - 1  # nothing of the NaN state was saved
+    assert (
+        f"checkpoint is step {bad - 1} ({run_dir / 'checkpoints' / f'step_{bad - 1}'})" in found[0]
+    )
+    logged = read_metrics(run_dir)
+    assert [m["step"] for m in logged] == list(range(1, bad))
+    assert all(math.isfinite(m["loss"]) for m in logged)
+    assert not (run_dir / "summary.json").exists()  # the run did not say "done"
+    assert "done:" not in proc.stdout
+
+
+def test_a_plan_larger_than_the_machine_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_launch([*SMALL[:-1], HUGE], run_dir, check=False)
+    assert proc.returncode == 2
+    [line] = errors(proc)
+    assert line.startswith("error: batch.micro_size, ac, engine.zero_stage, parallel.dp:")
+    assert "GiB per rank" in line and "this machine's RAM" in line
+    assert "batch.micro_size=" in line and "ac=full" in line and "engine.zero_stage=3" in line
+    assert not (run_dir / "config.yaml").exists()  # nothing written, nothing started
+
+    # A SLURM plan trains elsewhere: with no cluster.mem there is nothing here to compare with;
+    # with cluster.mem, that is the figure.
+    slurm = ["plan", *FAST, "cluster=slurm", HUGE]
+    run_launch(slurm, tmp_path / "slurm")
+    proc = run_launch([*slurm, "cluster.mem=64G"], tmp_path / "slurm_mem", check=False)
+    assert proc.returncode == 2 and "more than cluster.mem=64G per node (64.0 GiB)" in proc.stderr
+
+
+# --- item 13: a full disk while writing a checkpoint --------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 3 MiB tmpfs: room for one checkpoint of the FAST model (about 1.7 MiB), not two."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except OSError as exc:
+        pytest.skip(f"cannot mount a small tmpfs to fill ({exc})")
+    if done.returncode != 0:
+        pytest.skip(f"mounting a small tmpfs is not permitted here: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
+
+
+def test_a_full_disk_ends_in_one_line_and_the_run_resumes(small_disk: Path) -> None:
+    run_dir = small_disk / "run"
+    args = [*SMALL, "train.steps=6", "checkpoint.every=1"]
+    proc = run_launch(args, run_dir, env=ENV, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    [line] = errors(proc)
+    root = run_dir / "checkpoints"
+    assert line.startswith(f"error: no space left on device writing {root}"), line
+    assert f"the last complete checkpoint is step 1 ({root / 'step_1'})" in line
+    assert sorted(p.name for p in root.iterdir()) == ["step_1"]  # the partial save is gone
+    assert not isinstance(inspect(root / "step_1"), str)  # intact
+
+    # With room again, the same command resumes from it.
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    proc = run_launch(args, run_dir, env=ENV)
+    assert f"resuming from {root / 'step_1'} after step 1" in proc.stdout
+    assert read_summary(run_dir)["steps"] == 6
+
+
+# --- item 5: one line of ours for wandb, no repeated recompute line ------------------------------
+
+
+def test_a_plain_run_prints_only_the_launchers_lines(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = [a for a in SMALL if not a.startswith("wandb.")]
+    proc = run_launch(
+        [*args, "train.steps=2", "wandb.mode=offline"],
+        run_dir,
+        env={**ENV, "WANDB_SILENT": "false"},  # the tests' default silences wandb; users' not
+    )
+    out = proc.stdout + proc.stderr
+    assert not [line for line in out.splitlines() if line.startswith("wandb:")], out
+    assert len([line for line in out.splitlines() if line.startswith("wandb run ")]) == 2, out
+    assert "recompute: ac=none" not in out  # the plan's "recompute: none" says it once
