@@ -19,8 +19,8 @@ test: setup
 	bash scripts/test.sh
 
 lint: setup
-	$(VENV)/ruff check launcher tests benchmarks
-	$(VENV)/ruff format --check launcher tests benchmarks
+	$(VENV)/ruff check launcher tests benchmarks examples setup.py
+	$(VENV)/ruff format --check launcher tests benchmarks examples setup.py
 	$(VENV)/mypy
 
 clean:

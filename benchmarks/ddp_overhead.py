@@ -140,7 +140,8 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     ratios = [a / b for a, b in zip(times["launcher"], times["floor"], strict=True)]
     print(
-        f"| model | split | launcher step | floor step | launcher / floor (median of {args.rounds} rounds) "
+        "| model | split | launcher step | floor step | "
+        f"launcher / floor (median of {args.rounds} rounds) "
         "| step all-reduce | launcher data wait | launcher comm wait |"
     )
     print("|---|---|---|---|---|---|---|---|")

@@ -96,10 +96,12 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [
         f"GPT {args.n_layer} blocks, d_model {args.d_model}, {args.n_head} heads, seq_len "
         f"{args.seq_len}, micro-batch {args.micro_size}, fp32, ac.every_n={args.every_n}; "
-        f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}, {platform.processor() or platform.machine()}; "
+        f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}, "
+        f"{platform.processor() or platform.machine()}; "
         f"median of {args.rounds} rounds after {args.warmup} warm-up",
         "",
-        "| ac | activation MiB (vs none) | peak MiB (vs none) | FLOPs ratio | step ms | step-time ratio |",
+        "| ac | activation MiB (vs none) | peak MiB (vs none) | FLOPs ratio | step ms | step-time "
+        "ratio |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:

@@ -1,4 +1,5 @@
-"""`launch`: subcommands and the Hydra entry. Parsing and dispatch only; the work is in commands.py."""
+"""`launch`: subcommands and the Hydra entry. Parsing and dispatch only; the work is in
+commands.py."""
 
 from __future__ import annotations
 

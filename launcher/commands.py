@@ -29,7 +29,8 @@ log = get_logger("launch")
 
 
 def check_environment(cfg: RootConfig, runner: Runner | None = None) -> RootConfig:
-    """Runtime checks that need this machine: devices, data files. Returns cfg with absolute paths."""
+    """Runtime checks that need this machine: devices, data files. Returns cfg with absolute
+    paths."""
     cfg = prepare_data(cfg)  # absolute paths; every data file read and checked once
     device_type = (runner or runner_for(cfg)).check_environment(cfg)
     if device_type is not None:  # None: the ranks run elsewhere (SLURM), on devices unseen here

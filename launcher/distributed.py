@@ -31,11 +31,13 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise EnvironmentProblem(
-            "train.device: cuda was asked for but no CUDA device is visible. Fix: set train.device=cpu or auto."
+            "train.device: cuda was asked for but no CUDA device is visible. Fix: set "
+            "train.device=cpu or auto."
         )
     if local_rank >= torch.cuda.device_count():
         raise EnvironmentProblem(
-            f"parallel.dp: local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible). Fix: lower parallel.dp."
+            f"parallel.dp: local rank {local_rank} has no GPU ({torch.cuda.device_count()} "
+            "visible). Fix: lower parallel.dp."
         )
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
@@ -64,14 +66,17 @@ def init_distributed(requested_device: str, timeout_s: float = 600.0) -> DistCon
 
 
 def check_world_size(ctx: DistContext, dp: int, nodes: int) -> None:
-    """The runtime layer of validation: the job must have the ranks the config's batch split assumes.
+    """The runtime layer of validation: the job must have the ranks the config's batch split
+    assumes.
 
-    (The sampler slices each global batch into dp parts; with fewer ranks, parts would go untrained.)
+    (The sampler slices each global batch into dp parts; with fewer ranks, parts would go
+    untrained.)
     """
     if ctx.world_size != dp:
         raise ConfigError(
             ["parallel.dp", "parallel.nodes"],
-            f"this job has {ctx.world_size} rank(s), but the config asks for dp={dp} on {nodes} node(s).",
+            f"this job has {ctx.world_size} rank(s), but the config asks for dp={dp} on {nodes} "
+            "node(s).",
             "start it with `launch train` (which sizes torchrun and sbatch from the config), or "
             "change parallel.dp and parallel.nodes to match the job.",
         )

@@ -7,7 +7,8 @@ CONFIG_ERROR = 2
 DIVERGED = 3
 """The loss became NaN or infinite: training stopped, nothing of that state was saved."""
 STOPPED_RESUMABLE = 75
-"""Stopped on a signal after saving a checkpoint; run the same command again to resume (EX_TEMPFAIL)."""
+"""Stopped on a signal after saving a checkpoint; run the same command again to resume
+(EX_TEMPFAIL)."""
 ABORTED = 130
 """Aborted by a second Ctrl-C (128 + SIGINT): no checkpoint at the stop; a rerun resumes from the
 last complete one."""

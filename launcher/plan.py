@@ -69,12 +69,17 @@ class Plan:
     def describe(self) -> str:
         stage = f" (ZeRO stage {self.zero_stage})" if self.zero_stage is not None else ""
         lines = [
-            f"world       {self.world_size} rank(s) on {self.nodes} node(s), {self.ranks_per_node} per node",
-            f"batch       {self.global_size} sequences/step = dp {self.world_size} x grad_accum {self.grad_accum} x micro {self.micro_size}",
-            f"tokens/step {self.tokens_per_step:,} positions ({self.global_size} x seq_len {self.seq_len})",
+            f"world       {self.world_size} rank(s) on {self.nodes} node(s), {self.ranks_per_node} "
+            "per node",
+            f"batch       {self.global_size} sequences/step = dp {self.world_size} x grad_accum "
+            f"{self.grad_accum} x micro {self.micro_size}",
+            f"tokens/step {self.tokens_per_step:,} positions ({self.global_size} x seq_len "
+            f"{self.seq_len})",
             f"model       {self.parameters:,} parameters, {self.precision}",
             f"engine      {self.engine}{stage}, recompute: {self.ac}",
-            f"memory est. params {_mib(self.memory_estimate['parameters'])}, optimizer {_mib(self.memory_estimate['optimizer'])}, activations/micro-batch {_activations(self.memory_estimate, self.activation_estimates)}",
+            f"memory est. params {_mib(self.memory_estimate['parameters'])}, optimizer "
+            f"{_mib(self.memory_estimate['optimizer'])}, activations/micro-batch "
+            f"{_activations(self.memory_estimate, self.activation_estimates)}",
             "recompute   " + _recompute_table(self.activation_estimates, self.ac),
             f"runner      {self.runner}",
         ]
@@ -242,7 +247,8 @@ def check_memory(plan: Plan, cfg: RootConfig) -> None:
     raise ConfigError(
         ["batch.micro_size", "ac", "engine.zero_stage", "parallel.dp"],
         f"the plan needs about {_gib(per_rank)} per rank{ranks} (model state {_gib(state)}, "
-        f"activations of a micro-batch of {plan.micro_size:,} sequences {_gib(est['activations_peak'])}), "
+        f"activations of a micro-batch of {plan.micro_size:,} sequences "
+        f"{_gib(est['activations_peak'])}), "
         f"more than {what} ({_gib(capacity)}).",
         "; ".join(fixes) + ".",
     )

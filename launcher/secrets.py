@@ -1,4 +1,5 @@
-"""What counts as a secret, and one way to remove secrets from text and data before they are written.
+"""What counts as a secret, and one way to remove secrets from text and data before they are
+written.
 
 A secret is
 - the value of an environment variable whose name looks like a credential: WANDB_API_KEY, any

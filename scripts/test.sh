@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export WANDB_MODE=offline WANDB_SILENT=true
-.venv/bin/ruff check launcher tests benchmarks
-.venv/bin/ruff format --check --quiet launcher tests benchmarks
+.venv/bin/ruff check launcher tests benchmarks examples setup.py
+.venv/bin/ruff format --check --quiet launcher tests benchmarks examples setup.py
 .venv/bin/mypy
 .venv/bin/python -m pytest "$@"

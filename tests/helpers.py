@@ -40,7 +40,8 @@ def run_launch(
     )
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"launch {' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+            f"launch {' '.join(args)} exited {proc.returncode}\n"
+            f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
         )
     return proc
 

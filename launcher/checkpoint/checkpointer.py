@@ -5,8 +5,8 @@ Every rank takes part in each save and load (launcher/checkpoint/files.py has th
 the rules for which checkpoint to use). Which samples a step reads depends on the step number
 only (data/sampler.py), so the step is the sampler's whole position, and a resumed run may use
 another dp, micro size or accumulation: DCP reshards the model and optimizer on load. Nothing
-here unpickles code: DCP goes through launcher/checkpoint/dcp.py's restricted loaders, RNG files through
-torch.load(weights_only=True), the rest is JSON.
+here unpickles code: DCP goes through launcher/checkpoint/dcp.py's restricted loaders, RNG files
+through torch.load(weights_only=True), the rest is JSON.
 """
 
 from __future__ import annotations
@@ -277,6 +277,7 @@ class Checkpointer:
             log.info(f"resuming from {ckpt.path} after step {step}{note}.")
             if step >= self.cfg.train.steps:
                 log.info(
-                    f"the checkpoint is at step {step} of train.steps={self.cfg.train.steps}: nothing left to train."
+                    f"the checkpoint is at step {step} of train.steps={self.cfg.train.steps}: "
+                    "nothing left to train."
                 )
         return ResumeState(ckpt, step, RunTotals.from_saved(ckpt.meta.get("totals", {})))

@@ -109,7 +109,8 @@ def save(directory: Path, state: dict[str, Any]) -> None:
 
 
 def load(directory: Path, state: dict[str, Any]) -> None:
-    """Collective: fill `state` in place (Stateful values get load_state_dict), resharding as needed.
+    """Collective: fill `state` in place (Stateful values get load_state_dict), resharding as
+    needed.
 
     DCP logs a damaged file's tracebacks to the root logger as warnings before it raises; the
     caller reports the failure in one line, so they are held back here."""

@@ -62,7 +62,8 @@ def free_bytes(directory: Path) -> int | None:
 
 
 def is_disk_full(exc: BaseException | None, directory: Path) -> bool:
-    """Did a write into `directory` fail (exc; None: it failed on another rank) for lack of space?"""
+    """Did a write into `directory` fail (exc; None: it failed on another rank) for lack of
+    space?"""
     if exc is not None and no_space_errno(exc) is not None:
         return True
     free = free_bytes(directory)

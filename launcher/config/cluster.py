@@ -97,8 +97,8 @@ def _check_directive(index: int, text: str) -> None:
         raise ConfigError(
             key,
             f"{text!r} is not a single long sbatch option.",
-            "write one option per item as --name or --name=value, without blanks, quotes, '#', '\\', '$' or '`' "
-            "(e.g. --exclusive, --gres=gpu:a100:4, --mail-user=me@example.org).",
+            "write one option per item as --name or --name=value, without blanks, quotes, '#', "
+            "'\\', '$' or '`' (e.g. --exclusive, --gres=gpu:a100:4, --mail-user=me@example.org).",
         )
     name = text[2:].split("=", 1)[0]
     if name in MANAGED_DIRECTIVES:
@@ -128,7 +128,8 @@ class ClusterConfig:
     gpus_per_node: int = 0
     """slurm: GPUs per node (0 for CPU jobs); ranks per node must not exceed it."""
     cpus_per_task: int | None = None
-    """slurm: CPUs for each node's task, shared by that node's ranks (null: the cluster's default)."""
+    """slurm: CPUs for each node's task, shared by that node's ranks (null: the cluster's
+    default)."""
     mem: str | None = None
     """slurm: memory per node, e.g. 64G; 0 means all of it (null: the cluster's default)."""
     signal_seconds: int = 120
@@ -136,11 +137,13 @@ class ClusterConfig:
     max_requeues: int = 3
     """slurm: requeue a stopped job at most this many times (SLURM_RESTART_COUNT counts them)."""
     port: int | None = None
-    """slurm: c10d rendezvous port on the first node (null: 29500 + job id % 1000, so that jobs sharing a node differ)."""
+    """slurm: c10d rendezvous port on the first node (null: 29500 + job id % 1000, so that jobs
+    sharing a node differ)."""
     wait: bool = False
     """slurm: wait for the job to end (sbatch --wait) and exit with its status."""
     python: str | None = None
-    """slurm: the Python the nodes run (null: the one running `launch`; `python` if cluster.setup puts one on PATH)."""
+    """slurm: the Python the nodes run (null: the one running `launch`; `python` if cluster.setup
+    puts one on PATH)."""
     extra_directives: list[str] = field(default_factory=list)
     """slurm: further #SBATCH options, one --name=value per item, e.g. ['--exclusive']."""
     setup: list[str] = field(default_factory=list)
@@ -184,7 +187,8 @@ class ClusterConfig:
         if self.signal_seconds >= limit:
             raise ConfigError(
                 ["cluster.signal_seconds", "cluster.time"],
-                f"the stop signal {self.signal_seconds} s before the end would come before the job starts ({self.time}).",
+                f"the stop signal {self.signal_seconds} s before the end would come before the job "
+                f"starts ({self.time}).",
                 "lower cluster.signal_seconds or raise cluster.time.",
             )
         if self.port is not None and not 1024 <= self.port <= 65535:

@@ -38,7 +38,8 @@ class DataConfig:
     `custom` builds any map-style dataset named by data._target_."""
 
     name: DataKind = DataKind.reverse
-    """reverse | text | jsonl | tokens (flat binary token file) | hf (datasets + tokenizer) | custom."""
+    """reverse | text | jsonl | tokens (flat binary token file) | hf (datasets + tokenizer) |
+    custom."""
     path: str | None = None
     """The training data (text, jsonl, tokens, hf; ignored by reverse and custom)."""
     val_path: str | None = None
@@ -50,7 +51,8 @@ class DataConfig:
     text_field: str = "text"
     """hf pretraining: the field holding each document (concatenated with EOS and packed)."""
     prompt_field: str | None = None
-    """hf fine-tuning: the prompt field (its tokens are masked with -100); set with completion_field."""
+    """hf fine-tuning: the prompt field (its tokens are masked with -100); set with
+    completion_field."""
     completion_field: str | None = None
     """hf fine-tuning: the completion field (the tokens that are trained on)."""
     packing: bool = False
@@ -58,7 +60,8 @@ class DataConfig:
     split: str = "train"
     """hf: the split of a saved DatasetDict (or of a dataset directory) to read."""
     eos_token: str | None = None
-    """hf: the end-of-sequence token; default the tokenizer's own (or </s>, <|endoftext|>, <eos>)."""
+    """hf: the end-of-sequence token; default the tokenizer's own (or </s>, <|endoftext|>,
+    <eos>)."""
     cache_dir: str | None = None
     """hf: where tokenized data is cached (default $LAUNCHER_CACHE or ~/.cache/launcher/data)."""
     holdout: int = 0

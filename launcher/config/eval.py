@@ -14,7 +14,8 @@ class EvalConfig:
     every: int = 0
     """Measure val_loss every N optimizer steps and after the last one (0: never)."""
     batches: int = 4
-    """Global batches of held-out sequences per measurement (fewer if the held-out set is smaller)."""
+    """Global batches of held-out sequences per measurement (fewer if the held-out set is
+    smaller)."""
 
     def __post_init__(self) -> None:
         if self.every < 0:

@@ -24,7 +24,8 @@ class ParallelConfig:
             raise ConfigError(
                 ["parallel.dp", "parallel.nodes"],
                 f"dp={self.dp} ranks do not split evenly over nodes={self.nodes}.",
-                f"make parallel.dp a multiple of parallel.nodes (e.g. parallel.dp={self.nodes * max(1, self.dp // self.nodes)}).",
+                "make parallel.dp a multiple of parallel.nodes (e.g. "
+                f"parallel.dp={self.nodes * max(1, self.dp // self.nodes)}).",
             )
 
     @property

@@ -50,13 +50,15 @@ class RootConfig:
         if self.parallel.nodes > 1 and self.cluster.name != ClusterKind.slurm:
             raise ConfigError(
                 ["parallel.nodes", "cluster"],
-                f"{self.parallel.nodes} nodes need a scheduler, but cluster={self.cluster.name.value}.",
+                f"{self.parallel.nodes} nodes need a scheduler, but "
+                f"cluster={self.cluster.name.value}.",
                 "add cluster=slurm, or set parallel.nodes=1.",
             )
         if self.data.max_len * 2 + 2 > self.model.seq_len and self.data.name.value == "reverse":
             raise ConfigError(
                 ["data.max_len", "model.seq_len"],
-                f"a reversal problem of length {self.data.max_len} needs {self.data.max_len * 2 + 2} tokens, but seq_len={self.model.seq_len}.",
+                f"a reversal problem of length {self.data.max_len} needs "
+                f"{self.data.max_len * 2 + 2} tokens, but seq_len={self.model.seq_len}.",
                 f"raise model.seq_len to {self.data.max_len * 2 + 2} or lower data.max_len.",
             )
         held_out = self.data.name.value in ("reverse", "jsonl") or self.data.holdout > 0

@@ -1,4 +1,5 @@
-"""Datasets read from a local file: `text` (bytes of any UTF-8 file) and `jsonl` (prompt/completion)."""
+"""Datasets read from a local file: `text` (bytes of any UTF-8 file) and `jsonl`
+(prompt/completion)."""
 
 from __future__ import annotations
 

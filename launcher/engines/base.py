@@ -50,7 +50,8 @@ class Engine(ABC):
         """The learning rate the next step uses."""
 
     def autocast(self) -> AbstractContextManager[Any]:
-        """Mixed precision for forward; engines that cast the model themselves return nullcontext."""
+        """Mixed precision for forward; engines that cast the model themselves return
+        nullcontext."""
         device = next(self.module.parameters()).device
         return precision.autocast(self.cfg.train.precision, device)
 
@@ -74,7 +75,8 @@ class Engine(ABC):
 
 
 class TorchOptimizerEngine(Engine):
-    """An engine whose optimizer step is plain PyTorch: AdamW, the schedule, a GradScaler (ddp, fsdp).
+    """An engine whose optimizer step is plain PyTorch: AdamW, the schedule, a GradScaler (ddp,
+    fsdp).
 
     Its checkpoint is torch.distributed.checkpoint (DCP), which reshards on load.
     """

@@ -71,7 +71,7 @@ def require_blocks(model: nn.Module, path: str | None, needed_by: str) -> BlockL
             "model.blocks",
             f"{needed_by} needs the model's repeated blocks, and {type(model).__name__} has no "
             "nn.ModuleList of one block class.",
-            "keep the blocks in an nn.ModuleList and name it with model.blocks=PATH, or use ac=none "
-            "and engine=ddp.",
+            "keep the blocks in an nn.ModuleList and name it with model.blocks=PATH, or use "
+            "ac=none and engine=ddp.",
         )
     return found

@@ -1,8 +1,8 @@
 """A decoder-only GPT: pre-norm blocks, causal attention through scaled_dot_product_attention.
 
 `GPT.blocks` is the one list of blocks; `GPT.run_blocks` runs them, and activation-checkpoint
-policies (launcher/recompute/policies.py) replace it without re-parenting any block, so parameter names and
-state_dict keys never depend on the policy.
+policies (launcher/recompute/policies.py) replace it without re-parenting any block, so parameter
+names and state_dict keys never depend on the policy.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ def load_config(value: str) -> Any:
         raise ConfigError(
             "model.config",
             f"{value} is not a transformers config JSON ({type(exc).__name__}: {exc}).",
-            'give a config.json with "model_type" (e.g. "llama", "gpt2", "qwen2") or its directory.',
+            'give a config.json with "model_type" (e.g. "llama", "gpt2", "qwen2") or its '
+            "directory.",
         ) from None
     return transformers.AutoConfig.for_model(model_type, **data)
 
@@ -68,7 +69,8 @@ def build_hf(
         raise ConfigError(
             ["model.path", "model.config"],
             "model=hf needs exactly one of them.",
-            "model.path=DIR for a local checkpoint, or model.config=DIR_OR_JSON for random weights.",
+            "model.path=DIR for a local checkpoint, or model.config=DIR_OR_JSON for random "
+            "weights.",
         )
     auto = transformers.AutoModelForCausalLM
     on_meta = torch.get_default_device().type == "meta"

@@ -73,7 +73,8 @@ def instantiate_user_model(cfg: UserModelConfig) -> nn.Module:
             KEY,
             f"building {cfg._target_}({', '.join(args)}) failed: {type(cause).__name__}: "
             f"{str(cause).splitlines()[0] if str(cause) else ''}",
-            "check the arguments the model takes: set one as model.NAME, add a new one as +model.NAME.",
+            "check the arguments the model takes: set one as model.NAME, add a new one as "
+            "+model.NAME.",
         ) from None
     if not isinstance(model, nn.Module):
         raise ConfigError(

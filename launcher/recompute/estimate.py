@@ -14,9 +14,9 @@ attention that keeps its output and log-sum-exp, not the score matrix), in the r
 - outside the blocks: the final norm's input and output (2h) and the log-softmax (V, fp32).
 
 The peak is what is kept plus the loss's backward (two fp32 V-vectors per token), or, if larger,
-what is still kept when a recomputed segment is rematerialised, plus that segment and gradients. These match the CPU
-measurements of the built-in model closely (tests/unit/test_memory_estimate.py); a GPU kernel may
-keep a little more or less.
+what is still kept when a recomputed segment is rematerialised, plus that segment and gradients.
+These match the CPU measurements of the built-in model closely
+(tests/unit/test_memory_estimate.py); a GPU kernel may keep a little more or less.
 """
 
 from __future__ import annotations

@@ -119,7 +119,8 @@ class RecomputeRunner:
     def __call__(self, blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
         if self.segments and self.segments[-1].stop != len(blocks):
             raise ValueError(
-                f"the recompute plan covers {self.segments[-1].stop} blocks, the model has {len(blocks)}"
+                f"the recompute plan covers {self.segments[-1].stop} blocks, the model has "
+                f"{len(blocks)}"
             )
         with self._offload_context(x):
             for seg in self.segments:

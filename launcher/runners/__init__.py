@@ -13,7 +13,8 @@ from launcher.runners.base import Runner
 
 
 def runner_for(cfg: RootConfig) -> Runner:
-    """Where this config runs: SLURM for cluster=slurm, else torchrun for dp > 1, else in-process."""
+    """Where this config runs: SLURM for cluster=slurm, else torchrun for dp > 1, else
+    in-process."""
     if cfg.cluster.name == ClusterKind.slurm:
         from launcher.runners.slurm import SlurmRunner
 

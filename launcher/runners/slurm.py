@@ -108,17 +108,22 @@ def _refuse_secrets(cfg: RootConfig, script: str) -> None:
     raise ConfigError(
         keys or ["cluster"],
         "would write a credential into train.sbatch.",
-        "export it in the shell that runs `launch` instead: sbatch passes the environment to the job.",
+        "export it in the shell that runs `launch` instead: sbatch passes the environment to the "
+        "job.",
     )
 
 
 def render_sbatch(cfg: RootConfig, run_dir: Path) -> str:
-    """The text of train.sbatch for this run (what `launch plan` shows and `launch train` submits)."""
+    """The text of train.sbatch for this run (what `launch plan` shows and `launch train`
+    submits)."""
     run_dir = run_dir.resolve()
     check_slurm(cfg, run_dir)
     cluster = cfg.cluster
     values = {
-        "banner": f"Rendered by `launch` from slurm/train.sbatch; change the config, not this file. Resubmit: sbatch {shlex.quote(str(run_dir / SBATCH_FILE))}",
+        "banner": (
+            "Rendered by `launch` from slurm/train.sbatch; change the config, not this file. "
+            f"Resubmit: sbatch {shlex.quote(str(run_dir / SBATCH_FILE))}"
+        ),
         "directives": "\n".join(_directives(cfg, run_dir)),
         "run_dir": shlex.quote(str(run_dir)),
         "python": shlex.quote(cluster.python or sys.executable),
@@ -164,8 +169,9 @@ def submit(cfg: RootConfig, run_dir: Path, argv: list[str]) -> int:
     With cluster.wait, the job's exit status."""
     if shutil.which(argv[0]) is None:
         raise EnvironmentProblem(
-            f"cluster=slurm: sbatch is not on PATH, so nothing was submitted. Fix: run `launch` on a "
-            f"SLURM login node, or submit the script written there yourself: sbatch {argv[-1]}"
+            "cluster=slurm: sbatch is not on PATH, so nothing was submitted. Fix: run `launch` on "
+            "a SLURM login node, or submit the script written there yourself: "
+            f"sbatch {argv[-1]}"
         )
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stderr is not None
@@ -191,10 +197,12 @@ def submit(cfg: RootConfig, run_dir: Path, argv: list[str]) -> int:
     words = proc.stderr.read().strip()
     if code == STOPPED_RESUMABLE:
         log.warning(
-            f"job {job_id} stopped after saving a checkpoint and was not requeued; resume: sbatch {argv[-1]}"
+            f"job {job_id} stopped after saving a checkpoint and was not requeued; resume: sbatch "
+            f"{argv[-1]}"
         )
     elif code:
         log.error(
-            f"job {job_id} failed with exit status {code}{': ' + words if words else ''}; see {out} and {err}"
+            f"job {job_id} failed with exit status {code}{': ' + words if words else ''}; see "
+            f"{out} and {err}"
         )
     return code

@@ -48,7 +48,8 @@ def resumable(exit_codes: Iterable[int]) -> bool:
 
 
 def _ignore(signum: int, frame: FrameType | None) -> None:
-    """A handler, not SIG_IGN: handlers are reset in the ranks at exec, SIG_IGN would be inherited."""
+    """A handler, not SIG_IGN: handlers are reset in the ranks at exec, SIG_IGN would be
+    inherited."""
 
 
 def torchrun_args(argv: list[str]) -> list[str]:

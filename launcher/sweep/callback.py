@@ -15,7 +15,8 @@ log = get_logger("sweep")
 
 
 class SweepSummaryCallback(Callback):
-    """Registered in conf/config.yaml under hydra.callbacks; runs on the machine that ran `launch`."""
+    """Registered in conf/config.yaml under hydra.callbacks; runs on the machine that ran
+    `launch`."""
 
     def __init__(self, tolerance: float = DEFAULT_TOLERANCE, steps: int = DEFAULT_STEPS) -> None:
         self.check = Check(tolerance, steps)

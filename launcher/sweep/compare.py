@@ -103,7 +103,8 @@ def problem_key(point: Point) -> str | None:
     if point.config is None:
         return None
     flat = {k: v for k, v in _flatten(point.config).items() if not _is_how(k)}
-    # global_size may be null in config.yaml (derived from micro x accum x dp): use the resolved one.
+    # global_size may be null in config.yaml (derived from micro x accum x dp): use the resolved
+    # one.
     flat["batch.global_size"] = point.value("global_size") or flat.get("batch.global_size")
     return json.dumps(flat, sort_keys=True, default=str)
 

@@ -32,7 +32,8 @@ def _tick_labels(summary: SweepSummary) -> list[str]:
 
 
 def _bars(ax: Axes, values: list[list[float | None]], names: list[str], ticks: list[str]) -> bool:
-    """Grouped bars, one group per point; a missing value leaves a gap. False when all are missing."""
+    """Grouped bars, one group per point; a missing value leaves a gap. False when all are
+    missing."""
     width = 0.8 / len(values)
     drawn = False
     for i, (series, name) in enumerate(zip(values, names, strict=True)):

@@ -59,7 +59,8 @@ class Point:
     error: str | None = None
 
     def value(self, key: str) -> Any:
-        """A figure from summary.json, else plan.json, else config.yaml (dotted key); None if absent."""
+        """A figure from summary.json, else plan.json, else config.yaml (dotted key); None if
+        absent."""
         for source in (self.summary, self.plan):
             if source and source.get(key) is not None:
                 return source[key]
@@ -76,7 +77,8 @@ class Point:
 
     @property
     def losses(self) -> dict[int, float]:
-        """Logged loss by optimizer step (skipped steps left out; a resumed run's repeats: the last)."""
+        """Logged loss by optimizer step (skipped steps left out; a resumed run's repeats: the
+        last)."""
         return {
             int(m["step"]): float(m["loss"])
             for m in self.metrics
@@ -177,7 +179,8 @@ def _job_order(path: Path, name: str) -> tuple[int, float, str]:
 
 
 def _candidates(folder: Path, depth: int) -> list[Path]:
-    """Point directories at or below folder; a point's own subfolders (wandb, checkpoints) are not searched."""
+    """Point directories at or below folder; a point's own subfolders (wandb, checkpoints) are not
+    searched."""
     found = []
     for child in sorted(folder.iterdir()):
         if not child.is_dir() or child.name.startswith("."):

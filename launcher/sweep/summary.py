@@ -76,9 +76,15 @@ class SweepSummary:
         if not checked:
             text += "no two loss curves to compare"
         elif self.differing:
-            text += f"loss curves DIFFER from their reference ({self.check.describe()}): {', '.join(self.differing)}"
+            text += (
+                f"loss curves DIFFER from their reference ({self.check.describe()}): "
+                f"{', '.join(self.differing)}"
+            )
         else:
-            text += f"{checked} loss curve(s) compared with their reference, none differs ({self.check.describe()})"
+            text += (
+                f"{checked} loss curve(s) compared with their reference, none differs "
+                f"({self.check.describe()})"
+            )
         return text
 
 
@@ -103,7 +109,8 @@ def _canonical(value: str) -> str:
 
 
 def _labels(points: list[Point]) -> list[str]:
-    """Each point by the overrides that vary across the sweep (e.g. `grad_accum=4 ac.policy=full`)."""
+    """Each point by the overrides that vary across the sweep (e.g. `grad_accum=4
+    ac.policy=full`)."""
     pairs = [_override_pairs(p) for p in points]
     keys: dict[str, None] = {}  # in order of first appearance
     for pair in pairs:
@@ -166,12 +173,14 @@ def summarize(sweep_dir: Path, check: Check | None = None) -> SweepSummary:
     """Read every point of a sweep directory and compare their loss curves."""
     if not sweep_dir.is_dir():
         raise LauncherError(
-            f"sweep directory {sweep_dir} does not exist. Fix: pass the directory that holds the sweep's run directories (hydra.sweep.dir)."
+            f"sweep directory {sweep_dir} does not exist. Fix: pass the directory that holds the "
+            "sweep's run directories (hydra.sweep.dir)."
         )
     points = find_points(sweep_dir)
     if not points:
         raise LauncherError(
-            f"no run directory found under {sweep_dir}. Fix: pass a sweep directory (hydra.sweep.dir), whose subdirectories hold config.yaml or error.txt."
+            f"no run directory found under {sweep_dir}. Fix: pass a sweep directory "
+            "(hydra.sweep.dir), whose subdirectories hold config.yaml or error.txt."
         )
     check = check or Check()
     comparisons = compare_points(points, check)

@@ -142,8 +142,8 @@ def hardware_utilisation(
     """HFU: MFU with the recomputed forward FLOPs counted too.
 
     recompute_flops_ratio is the measured training FLOPs with recompute over those without
-    (>= 1; launcher/recompute/measure.py reports it). Without recompute HFU equals MFU; with recompute and
-    no measured ratio it is unknown (None).
+    (>= 1; launcher/recompute/measure.py reports it). Without recompute HFU equals MFU; with
+    recompute and no measured ratio it is unknown (None).
     """
     if mfu is None:
         return None

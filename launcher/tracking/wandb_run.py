@@ -175,7 +175,8 @@ class WandbRun:
                     # the launcher's own line below says where the run is.
                     settings=wandb.Settings(quiet=True, silent=True),
                 )
-            # Our optimizer step, not wandb's own counter, is the x-axis: a resumed run continues it.
+            # Our optimizer step, not wandb's own counter, is the x-axis: a resumed run continues
+            # it.
             run.define_metric("step")
             run.define_metric("*", step_metric="step")
         except Exception as exc:
@@ -211,5 +212,6 @@ class WandbRun:
         run.finish(exit_code=exit_code)
         if self.offline:
             log.info(
-                f"wandb run {self.id} is offline; upload it with: wandb sync {self.files}/offline-run-*"
+                f"wandb run {self.id} is offline; upload it with: wandb sync "
+                f"{self.files}/offline-run-*"
             )

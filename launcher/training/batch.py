@@ -67,7 +67,8 @@ def resolve_batch(
         raise ConfigError(
             [GLOBAL, DP],
             f"global_size={global_size} sequences do not split evenly over dp={dp} ranks.",
-            f"use {GLOBAL} in {{{_show(_nearby_multiples(global_size, dp))}}} or {DP} in {{{_show(_divisors(global_size))}}}.",
+            f"use {GLOBAL} in {{{_show(_nearby_multiples(global_size, dp))}}} or {DP} in "
+            f"{{{_show(_divisors(global_size))}}}.",
         )
     per_rank = global_size // dp
 
@@ -75,8 +76,10 @@ def resolve_batch(
         if micro_size * grad_accum * dp != global_size:
             raise ConfigError(
                 [GLOBAL, MICRO, ACCUM, DP],
-                f"{micro_size} x {grad_accum} x dp {dp} = {micro_size * grad_accum * dp}, not {global_size}.",
-                f"set one of them to null so it is derived (e.g. {ACCUM}=null), or make dp x grad_accum x micro_size equal global_size.",
+                f"{micro_size} x {grad_accum} x dp {dp} = {micro_size * grad_accum * dp}, not "
+                f"{global_size}.",
+                f"set one of them to null so it is derived (e.g. {ACCUM}=null), or make dp x "
+                "grad_accum x micro_size equal global_size.",
             )
         return BatchSplit(global_size, micro_size, grad_accum, dp)
 
@@ -84,8 +87,10 @@ def resolve_batch(
         if per_rank % micro_size:
             raise ConfigError(
                 [GLOBAL, MICRO] + ([DP] if dp > 1 else []),
-                f"global_size={global_size} is not a multiple of micro_size={micro_size} x dp={dp}.",
-                f"use {MICRO} in {{{_show(_divisors(per_rank))}}} or {GLOBAL} in {{{_show(_nearby_multiples(global_size, micro_size * dp))}}}.",
+                f"global_size={global_size} is not a multiple of micro_size={micro_size} x "
+                f"dp={dp}.",
+                f"use {MICRO} in {{{_show(_divisors(per_rank))}}} or {GLOBAL} in "
+                f"{{{_show(_nearby_multiples(global_size, micro_size * dp))}}}.",
             )
         return BatchSplit(global_size, micro_size, per_rank // micro_size, dp)
 
@@ -94,6 +99,7 @@ def resolve_batch(
         raise ConfigError(
             [GLOBAL, ACCUM] + ([DP] if dp > 1 else []),
             f"global_size={global_size} is not a multiple of grad_accum={accum} x dp={dp}.",
-            f"use {ACCUM} in {{{_show(_divisors(per_rank))}}} or {GLOBAL} in {{{_show(_nearby_multiples(global_size, accum * dp))}}}.",
+            f"use {ACCUM} in {{{_show(_divisors(per_rank))}}} or {GLOBAL} in "
+            f"{{{_show(_nearby_multiples(global_size, accum * dp))}}}.",
         )
     return BatchSplit(global_size, per_rank // accum, accum, dp)

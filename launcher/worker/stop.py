@@ -99,5 +99,6 @@ def restart_attempt() -> int:
 
 
 def requeued_by_slurm() -> bool:
-    """A SLURM job running again after a requeue: it continues the run, whatever train.resume says."""
+    """A SLURM job running again after a requeue: it continues the run, whatever train.resume
+    says."""
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0

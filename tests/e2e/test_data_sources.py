@@ -1,5 +1,6 @@
 """`launch train` on token files, tokenized HF datasets and custom datasets, with the validation
-loss (issue 13): the same curves for every split, eval that never disturbs training, clear refusals."""
+loss (issue 13): the same curves for every split, eval that never disturbs training, clear
+refusals."""
 
 from __future__ import annotations
 

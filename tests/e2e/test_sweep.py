@@ -1,4 +1,5 @@
-"""`launch train -m` sweeps end to end: run directories, the self-checking summary, failing points."""
+"""`launch train -m` sweeps end to end: run directories, the self-checking summary, failing
+points."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The real single-host SLURM cluster (../shared/slurm/start.sh); tests skip when it does not answer."""
+"""The real single-host SLURM cluster (../shared/slurm/start.sh); tests skip when it does not
+answer."""
 
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ def slurm_nodes() -> int:
 def two_nodes(slurm_nodes: int) -> int:
     if slurm_nodes < 2:
         pytest.skip(
-            f"needs 2 SLURM nodes, the cluster has {slurm_nodes} (SLURM_NODES=2 bash ../shared/slurm/start.sh)"
+            f"needs 2 SLURM nodes, the cluster has {slurm_nodes} (SLURM_NODES=2 bash "
+            "../shared/slurm/start.sh)"
         )
     return slurm_nodes
 

@@ -234,7 +234,8 @@ def test_stop_request_rides_on_the_token_count(ctx: DistContext) -> None:
 def test_settings_the_loaded_state_would_override_are_refused(
     tmp_path: Path, section: str, values: dict, key: str
 ) -> None:
-    """The optimizer and scheduler states carry lr, betas and the schedule: a change would be lost."""
+    """The optimizer and scheduler states carry lr, betas and the schedule: a change would be
+    lost."""
     from launcher.checkpoint.compat import check_compatible, fingerprint
     from launcher.config import to_root_config
     from launcher.errors import ConfigError

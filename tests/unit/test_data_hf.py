@@ -1,4 +1,5 @@
-"""data=hf: a tokenizer trained here, local json/jsonl data; packing, masking, the cache (issue 13)."""
+"""data=hf: a tokenizer trained here, local json/jsonl data; packing, masking, the cache (issue
+13)."""
 
 from __future__ import annotations
 

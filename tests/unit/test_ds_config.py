@@ -53,7 +53,9 @@ def test_matches_reviewed_golden(stage: int) -> None:
 
 
 def test_golden_files_are_readable() -> None:
-    for path in sorted(GOLDEN.glob("ds_config_stage*.json")):
+    paths = sorted(GOLDEN.glob("ds_config_stage*.json"))
+    assert [p.name for p in paths] == [f"ds_config_stage{s}.json" for s in range(4)]
+    for path in paths:
         text = path.read_text()
         assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n", path.name
 

@@ -1,4 +1,5 @@
-"""train.sbatch rendering: golden files, each number once, validated or quoted values, no secrets."""
+"""train.sbatch rendering: golden files, each number once, validated or quoted values, no
+secrets."""
 
 from __future__ import annotations
 

@@ -45,8 +45,9 @@ def make_point(
     cfg = to_root_config(settings)
     split = cfg.split()
     (run / "config.yaml").write_text(to_yaml(cfg))
-    plan = {"world_size": split.dp, "global_size": split.global_size, "micro_size": split.micro_size,
-            "grad_accum": split.grad_accum, "engine": cfg.engine.name.value, "ac": cfg.ac.policy.value,
+    plan = {"world_size": split.dp, "global_size": split.global_size,
+            "micro_size": split.micro_size, "grad_accum": split.grad_accum,
+            "engine": cfg.engine.name.value, "ac": cfg.ac.policy.value,
             "precision": cfg.train.precision.value}  # fmt: skip
     (run / "plan.json").write_text(json.dumps(plan))
     losses = CURVE if losses is None else losses
@@ -59,7 +60,8 @@ def make_point(
             )
     if finished:
         figures = {"steps": len(losses), "final_loss": losses[-1] if losses else None,
-                   "tokens_per_s": 123.0, "peak_memory_bytes": 3 * 2**20, "dp": split.dp}  # fmt: skip
+                   "tokens_per_s": 123.0, "peak_memory_bytes": 3 * 2**20,
+                   "dp": split.dp}  # fmt: skip
         (run / "summary.json").write_text(json.dumps({**figures, **(summary or {})}))
     return run
 
