@@ -184,7 +184,7 @@ def test_help_lists_keys_with_their_documentation_groups_and_exit_statuses() -> 
             "batch.grad_accum=null" in out and "Micro-batches per rank per optimizer step." in out
         )
         assert "train.precision=fp32" in out and "model=" not in out.split("config keys")[0][:40]
-        assert "model       gpt2, small, *tiny" in out
+        assert "model       custom, gpt2, hf, small, *tiny" in out
         assert "exit status:" in out and "\n  75  " in out and "\n  2   " in out
     # The values shown are those of the config the overrides compose.
     assert "model.n_layer=6 " in run_launch(["train", "--help", "model=small"]).stdout
