@@ -52,20 +52,27 @@ class RankFailure:
             return f"signal {-self.exitcode}"
 
 
-def failures_of(exc: ChildFailedError) -> list[RankFailure]:
-    """The failed ranks, the one that failed first first.
+def _blame_order(failure: RankFailure) -> int:
+    """0: ended by a signal torchrun does not send (SIGKILL from outside, SIGSEGV, ...), never a
+    consequence of a peer's failure; 1: exited by itself with an error (often a consequence: a
+    peer's connection closed); 2: SIGTERM, the signal torchrun stops the surviving ranks with."""
+    if failure.signal is None:
+        return 1
+    return 2 if failure.exitcode == -signal.SIGTERM else 0
 
-    torchrun records the ranks that had ended when it noticed the first failure (before it stops
-    the others), with a timestamp: when the rank wrote its error file, or for a rank killed by a
-    signal (no error file) when torchrun noticed it, a later time. So a rank ended by a signal
-    comes first: that signal never came from torchrun (it stops the others only after recording
-    these), and it is never a consequence of a peer's failure, which an exception often is.
+
+def failures_of(exc: ChildFailedError) -> list[RankFailure]:
+    """The failed ranks, the one most likely to have failed first first.
+
+    torchrun's timestamps have whole seconds, and once one rank fails it stops the others with
+    SIGTERM and records them as failed too. So the order is by cause (`_blame_order`), then time;
+    `blame` refines ties with the ranks' error files, whose modification times are finer.
     """
     failures = [
         RankFailure(int(rank), failure.exitcode, int(failure.timestamp))
         for rank, failure in exc.failures.items()
     ]
-    return sorted(failures, key=lambda f: (f.signal is None, f.timestamp, f.rank))
+    return sorted(failures, key=lambda f: (_blame_order(f), f.timestamp, f.rank))
 
 
 def run_agent(args: list[str]) -> list[RankFailure]:
@@ -97,6 +104,15 @@ def blame(failures: list[RankFailure], run_dir: Path | None) -> str:
     error files in the run directory)."""
     found = rank_error_files(run_dir) if run_dir is not None else []
     errors = {int(rank): path for rank, path in found if rank.isdigit()}
+
+    def written_at(failure: RankFailure) -> float:
+        path = errors.get(failure.rank)
+        try:
+            return path.stat().st_mtime if path is not None else float(failure.timestamp)
+        except OSError:
+            return float(failure.timestamp)
+
+    failures = sorted(failures, key=lambda f: (_blame_order(f), written_at(f), f.rank))
     parts: list[str] = []
     told: set[int] = set()
     for i, failure in enumerate(failures):

@@ -250,3 +250,21 @@ def test_failures_are_ordered_signal_first_then_by_time() -> None:
     exc.failures[2].timestamp = 7
     exc.failures[1].timestamp = 9  # torchrun's notice, later than the kill
     assert [f.rank for f in failures_of(exc)] == [1, 0, 2]
+
+
+def test_a_rank_torchrun_stopped_is_not_blamed(tmp_path: Path) -> None:
+    """Rank 1 raised; torchrun then stopped rank 0 with SIGTERM (seen in a real run: the blame
+    named rank 0). SIGTERM is torchrun's cleanup, so the rank that raised comes first."""
+    from launcher.runners.agent import RankFailure, blame
+
+    (tmp_path / "error_rank1.txt").write_text("Traceback ...\nRuntimeError: raises on purpose\n")
+    (tmp_path / "error_rank0.txt").write_text("RuntimeError: Connection closed by peer\n")
+    os.utime(tmp_path / "error_rank1.txt", (100.0, 100.0))
+    os.utime(tmp_path / "error_rank0.txt", (100.5, 100.5))
+    stopped, raised = RankFailure(0, -15, 100), RankFailure(1, 1, 100)
+    text = blame([stopped, raised], tmp_path)
+    assert text.startswith("rank 1 failed first (exit 1): RuntimeError: raises on purpose; ")
+    assert "rank 0 then died (SIGTERM, exit -15)" in text
+    # Two ranks that both raised, at the same torchrun second: the earlier error file first.
+    later = RankFailure(0, 1, 100)
+    assert blame([later, raised], tmp_path).startswith("rank 1 failed first")
