@@ -20,6 +20,7 @@ from launcher.config.load import to_root_config
 from launcher.config.store import register_configs
 from launcher.errors import LauncherError
 from launcher.exit_codes import ABORTED, CONFIG_ERROR
+from launcher.hydra_record import check_run_dir, explicit_run_dir, keep_record_on_refusal
 from launcher.lifetime import RunDirectoryBusy, exit_now
 from launcher.logs import get_logger, setup_logging
 from launcher.resources import conf_dir
@@ -143,6 +144,12 @@ def _check_command_line(command: str, rest: list[str]) -> None:
         _refuse(exc)
 
 
+def _overrides_of(rest: list[str]) -> list[str]:
+    from hydra._internal.utils import get_args_parser
+
+    return list(get_args_parser().parse_args(rest).overrides)
+
+
 def _hydra_entry(command: str, rest: list[str]) -> None:
     register_configs()
     _check_command_line(command, rest)
@@ -161,8 +168,15 @@ def _hydra_entry(command: str, rest: list[str]) -> None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         return _job(cfg, command)
 
+    multirun = "-m" in rest or "--multirun" in rest
+    run_dir = None if multirun else explicit_run_dir(_overrides_of(rest))
     try:
-        entry()
+        if run_dir is not None:
+            check_run_dir(run_dir)
+        with keep_record_on_refusal(run_dir):
+            entry()
+    except LauncherError as exc:
+        _refuse(exc)
     except SystemExit as exc:
         # Hydra reports a bad override or config group (already printed) with status 1 before
         # any job starts; to the user that is a config error like ours: status 2.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 from dataclasses import dataclass
@@ -73,6 +74,18 @@ def failures_of(exc: ChildFailedError) -> list[RankFailure]:
         for rank, failure in exc.failures.items()
     ]
     return sorted(failures, key=lambda f: (_blame_order(f), f.timestamp, f.rank))
+
+
+class _DropReportedFailures(logging.Filter):
+    """torchrun logs each failed rank and each rank it stops; `blame` says the same in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        return not (text.startswith("failed (exitcode") or "closing signal" in text)
+
+
+_ELASTIC_API_LOG = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+_ELASTIC_API_LOG.addFilter(_DropReportedFailures())
 
 
 def run_agent(args: list[str]) -> list[RankFailure]:

@@ -44,6 +44,17 @@ def _main(argv: list[str] | None) -> int:
     except LauncherError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Exception as exc:
+        # The traceback is in error_rank<r>.txt already (several ranks), and `launch` names the
+        # rank that failed first: one line here instead of a traceback per rank on the console.
+        from launcher.rundir import rank_error_file
+
+        rank = int(os.environ.get("RANK", "0"))
+        where = rank_error_file(config_path.parent, rank)
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1 or not where.exists():
+            raise
+        print(f"rank {rank}: {type(exc).__name__}: {exc} (traceback: {where})", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
