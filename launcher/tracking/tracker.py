@@ -74,8 +74,29 @@ class Tracker:
         self.progress = Progress(total_steps, log_every, stream) if enabled else None
         self._metrics: TextIO | None = None
         if enabled:
-            # Appended, never rewritten: a resumed run continues the same file.
+            # Appended: a resumed run continues the same file (after `rewind`).
             self._metrics = open(run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
+
+    def rewind(self, step: int) -> None:
+        """A resume from the checkpoint of `step`: drop the lines of later steps (redone after a
+        crash, or an abandoned branch when resuming an older checkpoint) and any line cut short,
+        so that metrics.jsonl holds each step once. Rank 0 only; rewritten atomically."""
+        if not self.enabled:
+            return
+        self._close_metrics()
+        path = self.run_dir / METRICS_FILE
+        kept: list[str] = []
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    if int(json.loads(line)["step"]) <= step:
+                        kept.append(line + "\n")
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by the crash
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(path)
+        self._metrics = open(path, "a", encoding="utf-8")  # noqa: SIM115
 
     def _mfu(self, positions: int, seconds: float) -> float | None:
         return self.meter.mfu(positions, seconds) if self.meter is not None else None

@@ -101,6 +101,7 @@ def train_rank(
         resumed = checkpoints.resume(restarted=restart_attempt() > 0 or requeued_by_slurm())
         if resumed is not None:
             trainer.continue_from(resumed.step, resumed.totals)
+            tracker.rewind(resumed.step)
         if not trainer.train(stop):
             # Every rank agreed to stop at this step boundary: save, mark, exit 75.
             saved = checkpoints.stop(stop.signal_name if stop is not None else None)

@@ -196,3 +196,15 @@ def test_readme_documents_every_key() -> None:
         key for key in (*METRIC_KEYS, "hfu", "recompute_flops_ratio") if f"`{key}`" not in section
     ]
     assert not missing, f"README's tracking section does not document {missing}"
+
+
+def test_rewind_keeps_each_step_once(tmp_path: Path) -> None:
+    """A crash after step 12 with a checkpoint at step 10: the resumed run redoes 11-12. Found
+    by the new-user probe: metrics.jsonl read 10, 11, 12, 11, 12, 13, ..."""
+    lines = [json.dumps({"step": s, "loss": 1.0}) for s in range(1, 13)]
+    (tmp_path / METRICS_FILE).write_text("\n".join(lines) + '\n{"step": 13, "lo')  # cut short
+    tracker = Tracker(tmp_path, total_steps=20, log_every=1, enabled=True)
+    tracker.rewind(10)
+    tracker.close(0)
+    steps = [json.loads(ln)["step"] for ln in (tmp_path / METRICS_FILE).read_text().splitlines()]
+    assert steps == list(range(1, 11))
