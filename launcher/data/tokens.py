@@ -103,4 +103,11 @@ class PackedTokens:
 
 
 def token_file(key: str, path: str, dtype: str, seq_len: int) -> PackedTokens:
-    return PackedTokens(open_tokens(key, Path(path), dtype), seq_len)
+    tokens = open_tokens(key, Path(path), dtype)
+    if len(tokens) < seq_len + 1:
+        # One padded window repeated for every sample would train on almost nothing, silently.
+        raise DataError(
+            f"{key}: {path} holds {len(tokens):,} tokens, fewer than one window of "
+            f"model.seq_len + 1 = {seq_len + 1}. Fix: use more data, or a smaller model.seq_len."
+        )
+    return PackedTokens(tokens, seq_len)

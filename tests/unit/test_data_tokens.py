@@ -152,3 +152,14 @@ def test_eval_chunks_deal_every_held_out_sample_once_with_equal_counts() -> None
         assert len({len(c) for c in chunks}) == 1
         dealt = sorted(i for c in chunks for mb in c for i in mb)
         assert dealt == list(range(n))
+
+
+def test_a_file_shorter_than_one_window_is_refused(tmp_path: Path) -> None:
+    """Found by the new-user probe: a 10-token file with seq_len 24 trained one padded window
+    over and over, silently."""
+    short = tmp_path / "short.bin"
+    np.arange(10, dtype=np.uint16).tofile(short)
+    with pytest.raises(DataError) as info:
+        build_datasets(tokens_cfg(short), 24, 0, 256)
+    text = str(info.value)
+    assert "data.path" in text and "10 tokens" in text and "model.seq_len" in text
