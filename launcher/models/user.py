@@ -5,6 +5,7 @@ PYTHONPATH. Every failure is a ConfigError naming `model._target_` and the fix."
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import sys
 from typing import Any
@@ -29,6 +30,9 @@ def locate_target(path: str) -> Any:
     from hydra.utils import get_object
 
     _importable_from_cwd()
+    hydra_log = logging.getLogger("hydra.utils")
+    was = hydra_log.disabled
+    hydra_log.disabled = True  # it logs its own three lines before raising; ours says it once
     try:
         return get_object(path)
     except Exception as exc:  # ImportError, AttributeError, ValueError: all "does not import"
@@ -39,6 +43,8 @@ def locate_target(path: str) -> Any:
             "give the dotted path of a class or function (package.module.Name), importable from "
             "the working directory or PYTHONPATH.",
         ) from None
+    finally:
+        hydra_log.disabled = was
 
 
 def _accepts(target: Any, name: str) -> bool:

@@ -63,4 +63,5 @@ def test_bad_models_refused_before_training(tmp_path: Path, override: str, messa
     proc = run_launch(args, tmp_path / "run", check=False, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr + proc.stdout
+    assert "Error getting object" not in proc.stderr + proc.stdout  # Hydra's own lines, not ours
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
