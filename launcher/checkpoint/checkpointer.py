@@ -80,7 +80,11 @@ def _cause(exc: BaseException) -> str:
         first = next(iter(failures.values()))
         exc = first[0] if isinstance(first, tuple) else first
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
+    first = lines[0] if lines else ""
+    if "weights_only" in first or "Weights only load failed" in first:
+        # torch's advice (load with weights_only=False) would trade safety for a damaged file.
+        first = "the file does not hold the tensors that were saved (damaged)"
+    return f"{type(exc).__name__}: {first[:400]}"
 
 
 def _all_ranks(ok: bool, device: torch.device) -> bool:

@@ -96,3 +96,20 @@ def test_a_full_disk_is_recognised_inside_dcp_errors(tmp_path: Path) -> None:
     assert written_path(wrapped, tmp_path) == str(tmp_path / "x.distcp")
     other = CheckpointException("save", {0: (ValueError("bad"), StackSummary())})
     assert not is_disk_full(other, tmp_path)  # a disk with room: not a full-disk error
+
+
+def test_a_damaged_file_is_not_answered_with_torchs_unsafe_advice() -> None:
+    """Found by the new-user probe: the reason for a checkpoint with zeros written into it was
+    torch's "Re-running torch.load with weights_only set to False will likely succeed"."""
+    import pickle
+
+    from launcher.checkpoint.checkpointer import _cause
+
+    exc = pickle.UnpicklingError(
+        "Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` "
+        "will likely succeed, but it can result in arbitrary code execution."
+    )
+    words = _cause(exc)
+    assert "weights_only" not in words and "damaged" in words
+    long_path = "/tmp/" + "x" * 300
+    assert long_path in _cause(FileNotFoundError(f"No such file or directory: '{long_path}'"))
