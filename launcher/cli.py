@@ -41,7 +41,9 @@ commands:
 
 main config keys (override as key=value; groups as group=name):
   model=tiny|small|gpt2      model.n_layer model.n_head model.d_model model.seq_len model.dropout
-  data=reverse|text|jsonl    data.path (text, jsonl)
+  model=custom|hf            model._target_ (your nn.Module), model.path / model.config (HF)
+  data=reverse|text|jsonl|tokens|hf|custom   data.path data.val_path data.tokenizer
+  eval.every  eval.batches   a token-exact validation loss (val_loss)
   parallel.dp  parallel.nodes
   batch.global_size  batch.micro_size  batch.grad_accum   (any two; the third is derived)
   ac=none|full|every_n|sqrt|selective   ac.every_n  ac.offload
@@ -61,9 +63,10 @@ examples:
   launch train --config-dir my_conf model=my_net data=my_corpus   (your groups beside conf/'s)
 
 `launch train --help` lists every config group and key; `launch train --cfg job` prints the config.
-Exit status: 0 done, 2 bad config or run directory in use (nothing started), 75 stopped on
-SIGTERM/SIGUSR1/Ctrl-C after a checkpoint (run the same command to resume), 130 aborted by a
-second Ctrl-C.
+Exit status: 0 done, 1 failed (the first rank to fail is named), 2 bad config or run directory
+in use (nothing started), 3 the loss became NaN/inf (the last good checkpoint is kept), 75
+stopped on SIGTERM/SIGUSR1/Ctrl-C after a checkpoint (run the same command to resume), 130
+aborted by a second Ctrl-C, 143 stopped at once by a second SIGTERM.
 """
 
 COMMANDS = ("train", "plan")

@@ -11,6 +11,12 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 echo "setup: installing launcher and its dependencies into .venv (first run takes a minute or two)"
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev,hf]"
+# Some machines' pip configuration names package folders that do not exist there; pip then warns
+# once per package. Those lines only are dropped; pip's exit status and other output stay.
+pip_install() {
+    .venv/bin/python -m pip install --quiet "$@" \
+        2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+pip_install --upgrade pip
+pip_install -c constraints.txt -e ".[dev,hf]"
 echo "$want" > "$stamp"
