@@ -6,8 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = [sys.executable, "-m", "launcher.cli"]
@@ -62,3 +63,55 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 def max_rel_diff(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b), (len(a), len(b))
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
+
+
+class BackgroundLaunch:
+    """`launch` started in the background, its output in a file (a full pipe never blocks it).
+
+    own_session: start it as a shell job would, so a signal can go to its whole process group
+    (a terminal's Ctrl-C, `kill -9 -PGID`) without reaching pytest.
+    """
+
+    def __init__(
+        self,
+        args: list[str],
+        run_dir: Path,
+        log_path: Path,
+        env: dict[str, str],
+        own_session: bool = False,
+    ) -> None:
+        self.run_dir = run_dir
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_path
+        self._log: IO[str] = open(log_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [*LAUNCH, *args, f"hydra.run.dir={run_dir}"],
+            cwd=REPO,
+            env={**os.environ, **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=own_session,
+        )
+
+    @property
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def steps_logged(self) -> int:
+        path = self.run_dir / "metrics.jsonl"
+        return len(path.read_text().splitlines()) if path.is_file() else 0
+
+    def wait_for_step(self, step: int, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while self.steps_logged() < step:
+            assert self.proc.poll() is None, (
+                f"launch ended early ({self.proc.returncode}):\n{self.output}"
+            )
+            assert time.monotonic() < deadline, f"no step {step} in {timeout}s:\n{self.output}"
+            time.sleep(0.05)
+
+    def wait(self, timeout: float = 240) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()

@@ -101,7 +101,9 @@ def train_rank(
         resumed = checkpoints.resume(restarted=restart_attempt() > 0 or requeued_by_slurm())
         if resumed is not None:
             trainer.continue_from(resumed.step, resumed.totals)
-            tracker.rewind(resumed.step)
+        # metrics.jsonl holds each step once: lines past the checkpoint (or all of them, when
+        # training starts over from step 1) belong to a run that did not get to save them.
+        tracker.rewind(resumed.step if resumed is not None else 0)
         if not trainer.train(stop):
             # Every rank agreed to stop at this step boundary: save, mark, exit 75.
             saved = checkpoints.stop(stop.signal_name if stop is not None else None)

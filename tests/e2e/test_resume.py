@@ -13,10 +13,8 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
-from typing import IO
 
 import psutil
 import pytest
@@ -24,8 +22,7 @@ import pytest
 from launcher.exit_codes import STOPPED_RESUMABLE
 from tests.helpers import (
     FAST,
-    LAUNCH,
-    REPO,
+    BackgroundLaunch,
     max_rel_diff,
     read_losses,
     read_metrics,
@@ -73,45 +70,13 @@ def rank_process(launch_pid: int, rank: int) -> psutil.Process:
     raise AssertionError(f"no rank {rank} under pid {launch_pid}")
 
 
-class Launch:
-    """`launch` started in the background, its output in a file (so a full pipe never blocks it)."""
+class Launch(BackgroundLaunch):
+    """`launch` in the background (wandb offline), its output next to the run directory."""
 
     def __init__(self, args: list[str], run_dir: Path) -> None:
-        self.run_dir = run_dir
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path = run_dir.parent / f"{run_dir.name}.log"
-        self._log: IO[str] = open(self.log_path, "w")  # noqa: SIM115
-        env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", **ENV}
-        self.proc = subprocess.Popen(
-            [*LAUNCH, *args, f"hydra.run.dir={run_dir}"],
-            cwd=REPO,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    @property
-    def output(self) -> str:
-        return self.log_path.read_text()
-
-    def steps_logged(self) -> int:
-        path = self.run_dir / "metrics.jsonl"
-        return len(path.read_text().splitlines()) if path.is_file() else 0
-
-    def wait_for_step(self, step: int, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while self.steps_logged() < step:
-            assert self.proc.poll() is None, (
-                f"launch ended early ({self.proc.returncode}):\n{self.output}"
-            )
-            assert time.monotonic() < deadline, f"no step {step} in {timeout}s:\n{self.output}"
-            time.sleep(0.05)
-
-    def wait(self, timeout: float = 240) -> int:
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self._log.close()
+        log_path = run_dir.parent / f"{run_dir.name}.log"
+        env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **ENV}
+        super().__init__(args, run_dir, log_path, env)
 
 
 @pytest.fixture(scope="module")
