@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import tempfile
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from benchmarks.interleave import free_port, interleaved_rounds
 from launcher.config import to_root_config
 from launcher.data import build_dataset
 from launcher.data.sequence import collate
@@ -35,7 +34,6 @@ from launcher.distributed import init_distributed
 from launcher.engines import build_engine
 from launcher.tracking.tracker import Tracker
 from launcher.training.loop import Trainer
-from launcher.training.loss import StepCounts
 from launcher.training.optim import build_optimizer
 from launcher.worker.run import build_model
 
@@ -90,43 +88,23 @@ def _rank(rank: int, port: int, rounds: int, steps: int, out: str) -> None:
     floor_model = DistributedDataParallel(build_model(cfg))
     floor_opt = build_optimizer(floor_model.module, cfg.optim)
     split = cfg.split()
-    times: dict[str, list[float]] = {"launcher": [], "floor": [], "step_all_reduce": []}
-    floor_step_index = 0
-    carry = torch.zeros((), dtype=torch.float64)
-    for _ in range(rounds + 1):  # the first round warms up and is dropped
-        for name in ("launcher", "floor"):
-            dist.barrier()
-            start = time.perf_counter()
-            if name == "launcher":
-                for _ in range(steps):
-                    trainer.advance()
-                trainer.flush()
-                trainer.batches.wait()
-            else:
-                for _ in range(steps):
-                    indices = trainer.sampler.micro_batches(floor_step_index, split, rank)
-                    floor_step(floor_model, floor_opt, dataset, indices)
-                    floor_step_index += 1
-            times[name].append((time.perf_counter() - start) / steps)
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(steps):
-            StepCounts(1234, False, carry, ctx.device).read(4096)
-        times["step_all_reduce"].append((time.perf_counter() - start) / steps)
+    step_index = 0
+
+    def floor_once() -> None:
+        nonlocal step_index
+        floor_step(
+            floor_model, floor_opt, dataset, trainer.sampler.micro_batches(step_index, split, rank)
+        )
+        step_index += 1
+
+    times = interleaved_rounds(trainer, floor_once, rounds, steps, "floor")
     totals = trainer.tracker.totals
-    times = {k: v[1:] for k, v in times.items()}
     times["launcher_data_s"] = [totals.data_s / totals.steps]  # every round, warm-up included
     times["launcher_comm_s"] = [totals.comm_wait_s / totals.steps]
     trainer.batches.close()
     if rank == 0:
         Path(out, "times.json").write_text(json.dumps(times))
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:

@@ -31,12 +31,10 @@ import argparse
 import json
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -47,6 +45,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+
+from benchmarks.interleave import free_port
 
 WORLD = 2
 SEED = 0
@@ -179,13 +179,13 @@ def _rank(
         LOCAL_RANK=str(rank),
     )
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // WORLD))  # as torchrun's ranks get
+    from benchmarks.interleave import interleaved_rounds
     from launcher.config import to_root_config
     from launcher.data.build import build_datasets, vocab_of
     from launcher.distributed import init_distributed
     from launcher.engines import build_engine
     from launcher.tracking.tracker import Tracker
     from launcher.training.loop import Trainer
-    from launcher.training.loss import StepCounts
     from launcher.worker.run import build_model
 
     ctx = init_distributed("cpu")
@@ -209,34 +209,20 @@ def _rank(
     ):
         assert torch.equal(a, b), f"the two models start apart at {name}"
     split = cfg.split()
-    times: dict[str, list[float]] = {"launcher": [], "hand": [], "step_all_reduce": []}
-    hand_step = 0
-    carry = torch.zeros((), dtype=torch.float64)
-    for r in range(rounds + 1):  # the first round warms up and is dropped
-        for name in ("launcher", "hand") if r % 2 == 0 else ("hand", "launcher"):
-            dist.barrier()
-            start = time.perf_counter()
-            if name == "launcher":
-                for _ in range(steps):
-                    trainer.advance()
-                trainer.flush()
-                trainer.batches.wait()
-            else:
-                for _ in range(steps):
-                    hand.step(trainer.sampler.micro_batches(hand_step, split, rank))
-                    hand_step += 1
-            times[name].append((time.perf_counter() - start) / steps)
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(steps):
-            StepCounts(1234, False, carry, ctx.device).read(4096)
-        times["step_all_reduce"].append((time.perf_counter() - start) / steps)
+    step_index = 0
+
+    def hand_once() -> None:
+        nonlocal step_index
+        hand.step(trainer.sampler.micro_batches(step_index, split, rank))
+        step_index += 1
+
+    times = interleaved_rounds(trainer, hand_once, rounds, steps, "hand", alternate_order=True)
     totals = trainer.tracker.totals
     trainer.batches.close()
     hand_losses = torch.stack(hand.losses)
     dist.all_reduce(hand_losses)  # the global mean: every micro-batch has the same token count
     hand_losses /= WORLD
-    result: dict[str, Any] = {k: v[1:] for k, v in times.items()}
+    result: dict[str, Any] = dict(times)
     result["launcher_data_s"] = totals.data_s / totals.steps  # every round, warm-up included
     result["launcher_comm_s"] = totals.comm_wait_s / totals.steps
     result["launcher_loss"] = launcher_losses
@@ -244,12 +230,6 @@ def _rank(
     if rank == 0:
         Path(out, "times.json").write_text(json.dumps(result))
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cli_step_s(command: list[str], steps: int, run_dir: Path) -> float:
