@@ -34,7 +34,14 @@ usage: launch <command> [hydra overrides] [-m/--multirun] [--cfg job] [--help]
 
 commands:
   train      run a training job (in-process, torchrun, or sbatch on SLURM)
-  plan       resolve and validate, print the plan, write config.yaml and plan.json; run nothing
+  plan       resolve and validate, print the plan and its memory table, write config.yaml and
+             plan.json; run nothing
+  verify     run the configured split and a one-big-batch reference for verify.steps steps and
+             compare losses and every gradient; writes verify.json (exit 0 certified, 1 not)
+  generate RUN PROMPTS.jsonl [--output FILE] [serve.* overrides]
+             batched offline generation from a run's checkpoint (continuous batching)
+  serve RUN [serve.* overrides]
+             an HTTP server (POST /v1/completions) on a run's checkpoint; needs the [serve] extra
   sweep-summary SWEEP_DIR
              write sweep_summary.csv/.md/.png: one row per point, loss curves checked
              (`launch train -m` writes them itself; this is for points that ran as SLURM jobs)
@@ -69,7 +76,7 @@ stopped on SIGTERM/SIGUSR1/Ctrl-C after a checkpoint (run the same command to re
 aborted by a second Ctrl-C, 143 stopped at once by a second SIGTERM.
 """
 
-COMMANDS = ("train", "plan")
+COMMANDS = ("train", "plan", "verify")
 
 
 def _discard_empty_run_dir(run_dir: Path) -> None:
@@ -93,7 +100,12 @@ def _job(cfg: DictConfig, command: str) -> int:
         if command == "plan":
             commands.plan_command(root, run_dir)
             return 0
-        code = commands.train_command(root, run_dir)
+        if command == "verify":
+            from launcher.verify.command import verify_command
+
+            code = verify_command(root, run_dir)
+        else:
+            code = commands.train_command(root, run_dir)
     except LauncherError as exc:
         get_logger().error(str(exc))
         if multirun:
@@ -207,6 +219,11 @@ def main(argv: list[str] | None = None) -> None:
         from launcher.sweep.command import summary_main
 
         sys.exit(summary_main(rest))
+    if command in ("generate", "serve"):
+        from launcher.serve import command as serve_command
+
+        main_of = serve_command.generate_main if command == "generate" else serve_command.serve_main
+        sys.exit(main_of(rest))
     if command not in COMMANDS:
         print(f"launch: unknown command {command!r}\n", file=sys.stderr)
         print(USAGE, end="", file=sys.stderr)

@@ -13,7 +13,9 @@ from launcher.config.engine import EngineConfig
 from launcher.config.eval import EvalConfig
 from launcher.config.model import AnyModelConfig, ModelConfig
 from launcher.config.parallel import BatchConfig, ParallelConfig
+from launcher.config.serve import ServeConfig
 from launcher.config.train import CheckpointConfig, DebugConfig, OptimConfig, TrainConfig
+from launcher.config.verify import VerifyConfig
 from launcher.config.wandb import WandbConfig
 from launcher.errors import ConfigError
 from launcher.training.batch import BatchSplit, resolve_batch
@@ -41,6 +43,8 @@ class RootConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
     def __post_init__(self) -> None:
         # Every section's float fields, also those of a section that does not check its own.

@@ -69,6 +69,9 @@ class TrainConfig:
     """torchrun elastic restarts after a rank dies (resume from the newest checkpoint)."""
     peak_flops: float | None = None
     """Device peak FLOP/s for MFU; null looks the device up in a table."""
+    memory_budget: str | None = None
+    """Per-rank memory the plan must fit: bytes or a size such as 40GiB (null: the GPU's
+    memory on CUDA, no limit on CPU)."""
 
     def __post_init__(self) -> None:
         require_finite("train", self)

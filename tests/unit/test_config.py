@@ -142,7 +142,7 @@ def test_every_key_is_documented() -> None:
     [
         ("batch.grad_acum=2", "batch.grad_acum", ["no such key", "did you mean batch.grad_accum?"]),
         ("+batch.grad_acum=2", "batch.grad_acum", ["no such key", "batch.grad_accum"]),
-        ("seed=3", "seed", ["did you mean train.seed?"]),
+        ("seed=3", "seed", ["did you mean serve.seed or train.seed?"]),
         ("parallel.dp=two", "parallel.dp", ["'two' is not a whole number"]),
         ("train.precision=fp8", "train.precision", ["'fp8'", "fp32, bf16, fp16"]),
         ("model=huge", "model", ["'huge'", "custom, gpt2, hf, small, tiny"]),

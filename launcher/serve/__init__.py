@@ -1,0 +1,1 @@
+"""Generation with continuous batching (`launch generate`) and serving (`launch serve`)."""
