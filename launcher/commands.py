@@ -87,6 +87,7 @@ def prepare_run(
         refuse_started_run(run_dir)
     cfg = check_resume(cfg, run_dir)  # a refused resume fails here, before anything is written
     plan = build_plan(cfg, run_dir, runner)
+    cfg = plan.config or cfg  # batch.micro_size=auto, ac=auto: the chosen values the ranks run
     write_run_files(cfg, run_dir, plan)
     return cfg, runner, plan
 
@@ -112,6 +113,12 @@ def train_command(cfg: RootConfig, run_dir: Path) -> int:
         log.info(plan.describe())
         log.info(f"run directory: {run_dir}")
         start_fresh(cfg, run_dir)  # only with train.resume=never checkpoint.overwrite=true
+        if cfg.verify.first and runner.name != "slurm":  # on SLURM the job verifies (train.sbatch)
+            from launcher.verify.command import verify_before_training
+
+            code = verify_before_training(cfg, run_dir)
+            if code:
+                return code
         if not runner.holds_run_lock:
             lock.release()  # the job takes it where it runs
         return runner.run(cfg, run_dir, plan)

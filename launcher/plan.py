@@ -7,21 +7,18 @@ files and hands the same plan to its runner.
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import psutil
-import torch
-
 from launcher.config.load import to_plain
 from launcher.config.root import RootConfig
 from launcher.engines import engine_spec
-from launcher.errors import ConfigError
-from launcher.models.probe import inspect_model
+from launcher.memory.auto import Choice, plan_and_choose
+from launcher.memory.budget import Budget, budget_for
+from launcher.memory.machine import machine_budget
+from launcher.memory.table import memory_table
+from launcher.models.probe import ModelInfo, inspect_model
 from launcher.recompute.estimate import estimate_all
 from launcher.secrets import redactor_for
 
@@ -60,9 +57,23 @@ class Plan:
     (credentials redacted). plan.json lists their names."""
     activation_estimates: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per recompute policy: activation_bytes, activation_peak_bytes, recompute_flops_ratio."""
+    planned_peak_bytes: int = 0
+    """The memory plan's per-rank peak (the sum of memory_plan's parts)."""
+    memory_plan: dict[str, Any] = field(default_factory=dict)
+    """Per-rank parts, planned peak, activations' method (launcher/memory/parts.py)."""
+    memory_budget_bytes: int | None = None
+    memory_choice: dict[str, Any] | None = None
+    """batch.micro_size=auto / ac=auto: what was requested, what was chosen and why."""
+    config: RootConfig | None = None
+    """The resolved config the ranks run (auto choices made); not in plan.json."""
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        config, self.config = self.config, None
+        try:
+            data = asdict(self)
+        finally:
+            self.config = config
+        data.pop("config")
         data["files"] = list(self.files)
         return data
 
@@ -77,10 +88,8 @@ class Plan:
             f"{self.seq_len})",
             f"model       {self.parameters:,} parameters, {self.precision}",
             f"engine      {self.engine}{stage}, recompute: {self.ac}",
-            f"memory est. params {_mib(self.memory_estimate['parameters'])}, optimizer "
-            f"{_mib(self.memory_estimate['optimizer'])}, activations/micro-batch "
-            f"{_activations(self.memory_estimate, self.activation_estimates)}",
             "recompute   " + _recompute_table(self.activation_estimates, self.ac),
+            *memory_table(self.memory_plan, self.memory_budget_bytes, self.memory_choice),
             f"runner      {self.runner}",
         ]
         if self.command:
@@ -88,12 +97,6 @@ class Plan:
         if self.env:
             lines.append("env         " + " ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
         return "\n".join(lines)
-
-
-def _activations(memory: dict[str, int], estimates: dict[str, dict[str, float]]) -> str:
-    if not estimates:
-        return "not estimated (a user model: summary.json has the measured figures)"
-    return f"{_mib(memory['activations'])} (peak {_mib(memory['activations_peak'])})"
 
 
 def _recompute_table(estimates: dict[str, dict[str, float]], chosen: str) -> str:
@@ -125,8 +128,29 @@ class RunnerPart(Protocol):
     def files(self, cfg: RootConfig, run_dir: Path) -> dict[str, str]: ...
 
 
+def memory_budget(cfg: RootConfig, runner: str) -> Budget | None:
+    """train.memory_budget; else the ranks' share of the memory they train in (a GPU's; on CPU
+    this machine's RAM or a SLURM node's cluster.mem); else none."""
+    return budget_for(
+        cfg.train.memory_budget_bytes, cfg.train.memory_budget, machine_budget(cfg, runner)
+    )
+
+
+def plan_split(
+    cfg: RootConfig, info: ModelInfo, runner: str, budget: Budget | None = None
+) -> tuple[RootConfig, Choice]:
+    """The memory plan of the run, the auto choices made: (the config the ranks run, the
+    choice); over the budget, a ConfigError naming the largest part and the fixes."""
+    return plan_and_choose(cfg, info, budget or memory_budget(cfg, runner))
+
+
 def build_plan(cfg: RootConfig, run_dir: Path, runner: RunnerPart) -> Plan:
-    """The complete plan for a run in `run_dir`; a bad value raises before anything is written."""
+    """The complete plan for a run in `run_dir`; a bad value raises before anything is written.
+    batch.micro_size=auto and ac=auto are chosen here: plan.config is the config to run."""
+    info = inspect_model(cfg)
+    budget = memory_budget(cfg, runner.name)
+    cfg, choice = plan_split(cfg, info, runner.name, budget)
+    auto = choice.request != {"batch.micro_size": cfg.batch.micro_size, "ac": cfg.ac.policy.value}
     command = runner.command(cfg, run_dir)
     runner_files = runner.files(cfg, run_dir)
     engine = engine_spec(cfg.engine.name)
@@ -134,10 +158,9 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: RunnerPart) -> Plan:
     secrets = redactor_for(to_plain(cfg))
     files = {name: secrets.text(text) for name, text in {**engine_files, **runner_files}.items()}
     split = cfg.split()
-    params = count_parameters(cfg)
+    params = info.parameters
     estimates = estimate_all(cfg, split.micro_size)
-    chosen = estimates.get(cfg.ac.policy.value)  # None: a user model's are not estimated
-    plan = Plan(
+    return Plan(
         world_size=split.dp,
         nodes=cfg.parallel.nodes,
         ranks_per_node=cfg.parallel.ranks_per_node,
@@ -151,113 +174,21 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: RunnerPart) -> Plan:
         ac=cfg.ac.policy.value,
         precision=cfg.train.precision.value,
         parameters=params,
-        memory_estimate={
-            **engine.state_bytes(cfg, params),  # per rank: what the engine shards over dp
-            "activations": chosen.activation_bytes if chosen else 0,
-            "activations_peak": chosen.activation_peak_bytes if chosen else 0,
+        memory_estimate={  # the plan's model state and activations, as plan.json had them
+            "parameters": choice.plan.parts["parameters"],
+            "gradients": choice.plan.parts["gradients"],
+            "optimizer": choice.plan.parts["optimizer_state"],
+            "activations": choice.plan.activation_bytes,
+            "activations_peak": choice.plan.parts["activations"],
         },
         runner=runner.name,
         command=command,
         env=runner.environment(cfg),
         files=files,
         activation_estimates={name: e.to_json() for name, e in estimates.items()},
+        planned_peak_bytes=choice.plan.peak,
+        memory_plan=choice.plan.to_json(),
+        memory_budget_bytes=budget.bytes if budget is not None else None,
+        memory_choice=choice.to_json() if auto else None,
+        config=cfg,
     )
-    check_memory(plan, cfg)
-    return plan
-
-
-# --- does it fit the machine ---------------------------------------------------------------------
-
-_SLURM_MEM = re.compile(r"^(\d+)([KMGT]?)$")
-_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "": 2**20}  # sbatch --mem: MiB by default
-
-
-def _gpu_memory_bytes() -> int | None:
-    """The first GPU's memory, read without creating a CUDA context in `launch` (NVML, or
-    nvidia-smi); None when neither answers."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
-    except Exception:  # not installed, or no driver: ask nvidia-smi
-        pass
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.split()
-        return int(out[0]) * 2**20 if out else None
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-
-
-def machine_memory(cfg: RootConfig, runner: str) -> tuple[int, int, str] | None:
-    """(bytes, ranks sharing them, what they are) of the memory the ranks train in; None when
-    it is not known here (a SLURM job on GPUs, or without cluster.mem)."""
-    per_node = cfg.parallel.ranks_per_node
-    if runner == "slurm":
-        match = _SLURM_MEM.match(cfg.cluster.mem or "")
-        if cfg.cluster.gpus_per_node or match is None or int(match.group(1)) == 0:
-            return None
-        mem = int(match.group(1)) * _UNITS[match.group(2)]
-        return mem, per_node, f"cluster.mem={cfg.cluster.mem} per node"
-    gpu = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
-    if gpu:
-        total = _gpu_memory_bytes()
-        return None if total is None else (total, 1, "the memory of one GPU")
-    return int(psutil.virtual_memory().total), per_node, "this machine's RAM"
-
-
-def check_memory(plan: Plan, cfg: RootConfig) -> None:
-    """Refuse a plan whose memory estimate (model state plus the activation peak of one
-    micro-batch, per rank) exceeds the memory its ranks have; the estimate leaves out the
-    framework's own overhead, so a plan that passes may still not fit."""
-    machine = machine_memory(cfg, plan.runner)
-    if machine is None:
-        return
-    capacity, sharing, what = machine
-    est = plan.memory_estimate
-    state = sum(est.get(k, 0) for k in ("parameters", "gradients", "optimizer"))
-    per_rank = state + est["activations_peak"]
-    if per_rank * sharing <= capacity:
-        return
-    per_sequence = est["activations_peak"] / plan.micro_size
-    fits = int((capacity // sharing - state) // per_sequence) if per_sequence else 0
-    full = plan.activation_estimates.get("full", {}).get("activation_peak_bytes")
-    ranks = f" x {sharing} ranks" if sharing > 1 else ""
-    fixes = []
-    if 0 < fits < plan.micro_size:
-        fixes.append(
-            f"fewer sequences per micro-batch (batch.micro_size={_fit(fits)} or less; "
-            f"batch.grad_accum makes up the global batch of {plan.global_size:,})"
-        )
-    if full is not None and plan.ac != "full":
-        fixes.append(f"recompute activations (ac=full: peak {_gib(full)} per micro-batch)")
-    fixes.append(
-        "shard the model state over more ranks (engine=fsdp or engine=deepspeed "
-        "engine.zero_stage=3 with a larger parallel.dp)"
-    )
-    raise ConfigError(
-        ["batch.micro_size", "ac", "engine.zero_stage", "parallel.dp"],
-        f"the plan needs about {_gib(per_rank)} per rank{ranks} (model state {_gib(state)}, "
-        f"activations of a micro-batch of {plan.micro_size:,} sequences "
-        f"{_gib(est['activations_peak'])}), "
-        f"more than {what} ({_gib(capacity)}).",
-        "; ".join(fixes) + ".",
-    )
-
-
-def _fit(n: int) -> int:
-    """The largest power of two <= n (a micro size that divides the usual batch sizes)."""
-    return 1 << (n.bit_length() - 1)
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else _mib(int(n))

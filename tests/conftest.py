@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+# The activation-probe cache (launcher/memory/probe_cache.py) is shared by this session's tests
+# and their `launch` subprocesses, never with the user's cache or an earlier session.
+os.environ.setdefault("LAUNCHER_CACHE_DIR", tempfile.mkdtemp(prefix="launcher-test-cache-"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

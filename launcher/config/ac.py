@@ -14,6 +14,13 @@ class AcPolicy(str, Enum):
     every_n = "every_n"
     sqrt = "sqrt"
     selective = "selective"
+    auto = "auto"
+    """Chosen by the plan: the cheapest granularity that fits train.memory_budget."""
+
+    @classmethod
+    def granularities(cls) -> list[AcPolicy]:
+        """The policies a model can run (auto resolves to one of them before launch)."""
+        return [p for p in cls if p != cls.auto]
 
 
 @dataclass
@@ -21,7 +28,7 @@ class AcConfig:
     """Which activations are recomputed in backward instead of kept from forward."""
 
     policy: AcPolicy = AcPolicy.none
-    """none | full | every_n | sqrt | selective (see docs/recompute.md)."""
+    """none | full | every_n | sqrt | selective | auto (see docs/recompute.md, docs/memory.md)."""
     every_n: int = 2
     """every_n: recompute every n-th block."""
     offload: bool = False

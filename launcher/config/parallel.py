@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from launcher.config.checks import require_positive
 from launcher.errors import ConfigError
+
+AUTO = "auto"
+"""batch.micro_size=auto: the plan picks the micro size (launcher/memory/auto.py)."""
+
+if TYPE_CHECKING:
+    MicroSize = int | str | None
+else:  # OmegaConf 2.3 has no unions: an open node, checked in BatchConfig.__post_init__
+    MicroSize = Any
 
 
 @dataclass
@@ -43,12 +52,44 @@ class BatchConfig:
 
     global_size: int | None = 32
     """Sequences per optimizer step over all ranks and micro-batches."""
-    micro_size: int | None = None
-    """Sequences per rank per micro-batch (forward/backward at once)."""
+    micro_size: MicroSize = None
+    """Sequences per rank per micro-batch (forward/backward at once), or auto: the largest that
+    fits train.memory_budget (docs/memory.md)."""
     grad_accum: int | None = None
     """Micro-batches per rank per optimizer step."""
 
     def __post_init__(self) -> None:
         require_positive("batch.global_size", self.global_size, allow_none=True)
-        require_positive("batch.micro_size", self.micro_size, allow_none=True)
+        self.micro_size = _micro_size(self.micro_size)
+        require_positive("batch.micro_size", self.micro, allow_none=True)
         require_positive("batch.grad_accum", self.grad_accum, allow_none=True)
+        if self.auto and (self.grad_accum is not None or self.global_size is None):
+            raise ConfigError(
+                ["batch.micro_size", "batch.grad_accum", "batch.global_size"],
+                "batch.micro_size=auto splits a given global batch and derives grad_accum.",
+                "set batch.global_size and leave batch.grad_accum=null.",
+            )
+
+    @property
+    def auto(self) -> bool:
+        return self.micro_size == AUTO
+
+    @property
+    def micro(self) -> int | None:
+        """The micro size as a number; None when derived (null) or chosen by the plan (auto)."""
+        return None if self.micro_size is None or self.auto else int(self.micro_size)
+
+
+def _micro_size(value: Any) -> int | str | None:
+    """batch.micro_size: a whole number, null or auto (parsed here only)."""
+    if value is None or value == AUTO:
+        return value
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit()):
+        return int(value)
+    raise ConfigError(
+        "batch.micro_size",
+        f"{value!r} is not a whole number or auto.",
+        "give a whole number (e.g. batch.micro_size=4), or auto to fit train.memory_budget.",
+    )

@@ -77,5 +77,5 @@ class RootConfig:
     def split(self) -> BatchSplit:
         """The resolved batch split (the one function that does batch arithmetic)."""
         return resolve_batch(
-            self.batch.global_size, self.batch.micro_size, self.batch.grad_accum, self.parallel.dp
+            self.batch.global_size, self.batch.micro, self.batch.grad_accum, self.parallel.dp
         )

@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 
 from launcher.config.checks import require_finite, require_non_negative, require_positive
 from launcher.errors import ConfigError
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)(B?)\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
+
+
+def parse_size(key: str, value: str | int) -> int:
+    """Bytes from 123456, "512MiB", "40GiB", "1.5GB" (GB = 10**9, GiB = 2**30; "40G" = GiB)."""
+    match = _SIZE.match(str(value))
+    if match is None or (match.group(2) == "" and match.group(3)):
+        raise ConfigError(
+            key,
+            f"{value!r} is not a size.",
+            f"give bytes or a size with a unit, e.g. {key}=40GiB, 512MiB or 1.5GB.",
+        )
+    number, unit, binary, b = match.groups()
+    power = _POWERS[unit.upper()]
+    base = 1000 if (b and not binary and unit) else 1024
+    size = int(float(number) * base**power)
+    if size <= 0:
+        raise ConfigError(key, f"must be positive, got {value!r}.", f"e.g. {key}=40GiB.")
+    return size
 
 
 class Precision(str, Enum):
@@ -71,7 +93,7 @@ class TrainConfig:
     """Device peak FLOP/s for MFU; null looks the device up in a table."""
     memory_budget: str | None = None
     """Per-rank memory the plan must fit: bytes or a size such as 40GiB (null: the GPU's
-    memory on CUDA, no limit on CPU)."""
+    memory on CUDA; on CPU the machine's RAM shared by its ranks)."""
 
     def __post_init__(self) -> None:
         require_finite("train", self)
@@ -85,6 +107,15 @@ class TrainConfig:
             )
         if not self.resume:
             raise ConfigError("train.resume", "is empty.", "use auto, never or a checkpoint path.")
+        if self.memory_budget is not None:
+            parse_size("train.memory_budget", self.memory_budget)
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        """train.memory_budget in bytes; None when not given."""
+        if self.memory_budget is None:
+            return None
+        return parse_size("train.memory_budget", self.memory_budget)
 
 
 @dataclass

@@ -4,8 +4,8 @@ A spec is light (no deepspeed, no FSDP import): the plan, `launch plan` and the 
 it. `build` imports the engine's runtime module only when a rank builds it. The registry that maps
 `engine=<name>` to its spec is launcher/engines/__init__.py.
 
-Per-rank state memory follows the accounting of the ZeRO paper (Rajbhandari et al. 2020), with
-AdamW's two fp32 moments; activations, buffers and communication buckets are not included.
+Each engine's per-rank memory (what it shards over dp, its buckets and copies) is planned in
+launcher/memory/parts.py, next to the other parts of the memory plan.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from launcher.config.engine import EngineName
 from launcher.config.root import RootConfig
-from launcher.engines.precision import bytes_per_element, is_reduced, needs_loss_scaling
+from launcher.engines.precision import needs_loss_scaling
 from launcher.errors import ConfigError
 from launcher.rundir import DS_CONFIG_FILE
 
@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from launcher.distributed import DistContext
     from launcher.engines.base import Engine
 
-FP32 = 4
-ADAM_MOMENTS = 2 * FP32
 DCP_FORMAT = "dcp"
 """torch.distributed.checkpoint: reshards on load (launcher/checkpoint/dcp.py)."""
 
@@ -43,10 +41,6 @@ class EngineSpec(ABC):
     """Whether a checkpoint loads into another number of ranks."""
     reshard_note: ClassVar[str] = ""
     """Why not, when it cannot."""
-
-    @abstractmethod
-    def state_bytes(self, cfg: RootConfig, params: int) -> dict[str, int]:
-        """{"parameters", "gradients", "optimizer"}: bytes on one rank."""
 
     def zero_stage(self, cfg: RootConfig) -> int | None:
         """plan.json's zero_stage: None unless the engine has ZeRO stages."""
@@ -74,13 +68,6 @@ class DDPSpec(EngineSpec):
     name = EngineName.ddp
     label = "DDP"
 
-    def state_bytes(self, cfg: RootConfig, params: int) -> dict[str, int]:
-        return {
-            "parameters": params * FP32,
-            "gradients": params * FP32,
-            "optimizer": params * ADAM_MOMENTS,
-        }
-
     def build(self, cfg: RootConfig, model: nn.Module, ctx: DistContext) -> Engine:
         from launcher.engines.ddp import DDPEngine
 
@@ -93,14 +80,6 @@ class FSDPSpec(EngineSpec):
 
     name = EngineName.fsdp
     label = "FSDP"
-
-    def state_bytes(self, cfg: RootConfig, params: int) -> dict[str, int]:
-        dp = cfg.parallel.dp
-        return {
-            "parameters": params * FP32 // dp,
-            "gradients": params * FP32 // dp,
-            "optimizer": params * ADAM_MOMENTS // dp,
-        }
 
     def build(self, cfg: RootConfig, model: nn.Module, ctx: DistContext) -> Engine:
         from launcher.engines.fsdp import FSDPEngine
@@ -117,16 +96,6 @@ class DeepSpeedSpec(EngineSpec):
     checkpoint_format = "deepspeed"
     reshardable = False
     reshard_note = "that needs its universal-checkpoint conversion"
-
-    def state_bytes(self, cfg: RootConfig, params: int) -> dict[str, int]:
-        dp, stage = cfg.parallel.dp, cfg.engine.zero_stage
-        model_width = bytes_per_element(cfg.train.precision)
-        master = FP32 if is_reduced(cfg.train.precision) else 0
-        return {
-            "parameters": params * model_width // (dp if stage >= 3 else 1),
-            "gradients": params * model_width // (dp if stage >= 2 else 1),
-            "optimizer": params * (ADAM_MOMENTS + master) // (dp if stage >= 1 else 1),
-        }
 
     def zero_stage(self, cfg: RootConfig) -> int | None:
         return cfg.engine.zero_stage

@@ -3,17 +3,72 @@
 `GPT.blocks` is the one list of blocks; `GPT.run_blocks` runs them, and activation-checkpoint
 policies (launcher/recompute/policies.py) replace it without re-parenting any block, so parameter
 names and state_dict keys never depend on the policy.
+
+Generation (launcher/serve/) passes a `KVCache` and each row's positions to `forward`: each row
+of the batch is one request with its own cache slot, keys and values of earlier tokens are read
+from the cache, and a row attends only to its own positions (so rows of different lengths can
+be decoded together). Without a cache, `forward` is the training path, unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from launcher.config.model import ModelConfig
+
+
+class KVCache:
+    """Keys and values of every layer for `slots` requests, up to `length` positions each:
+    per layer a (slots, length, n_head, head_dim) tensor. Zero-filled, so positions a row may not
+    attend to always hold finite numbers (a masked NaN would still poison the softmax)."""
+
+    def __init__(
+        self,
+        n_layer: int,
+        slots: int,
+        length: int,
+        n_head: int,
+        head_dim: int,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        shape = (slots, length, n_head, head_dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.length = length
+
+
+@dataclass
+class CacheView:
+    """One forward's view of a KVCache: which slot each row is, and each new token's position."""
+
+    cache: KVCache
+    slots: torch.Tensor
+    """(batch,) slot index of each row."""
+    positions: torch.Tensor
+    """(batch, time) position of each new token (its index in its own request)."""
+    span: int
+    """Positions read from the cache: the largest position + 1 (read once, not per layer)."""
+    layer: int = 0
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store this step's keys and values, then attend each row to its own positions up to
+        each query's. q, k, v: (batch, n_head, time, head_dim)."""
+        keys, values = self.cache.keys[self.layer], self.cache.values[self.layer]
+        rows = self.slots[:, None]
+        keys[rows, self.positions] = k.transpose(1, 2).to(keys.dtype)
+        values[rows, self.positions] = v.transpose(1, 2).to(values.dtype)
+        span = self.span
+        past_k = keys[self.slots, :span].transpose(1, 2).to(q.dtype)
+        past_v = values[self.slots, :span].transpose(1, 2).to(q.dtype)
+        visible = torch.arange(span, device=q.device)[None, None, :] <= self.positions[:, :, None]
+        return F.scaled_dot_product_attention(q, past_k, past_v, attn_mask=visible[:, None])
 
 
 class CausalSelfAttention(nn.Module):
@@ -25,13 +80,16 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv: CacheView | None = None) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        if kv is not None:
+            y = kv.attend(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            )
         y = y.transpose(1, 2).contiguous().view(b, t, c)
         return self.resid_dropout(self.proj(y))
 
@@ -58,8 +116,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, kv: CacheView | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -98,13 +156,41 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (batch, time) -> logits (batch, time, vocab)."""
+    def forward(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        slots: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Token ids (batch, time) -> logits (batch, time, vocab).
+
+        With a cache (generation): row i is cache slot slots[i], its tokens sit at
+        positions[i]; earlier tokens of each row are read from the cache, these are added."""
+        if cache is not None:
+            assert slots is not None and positions is not None
+            span = int(positions.max()) + 1
+            return self._forward_cached(idx, CacheView(cache, slots, positions, span))
         t = idx.shape[1]
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         x = self.run_blocks(self.blocks, x)
         return self.head(self.ln_f(x))
+
+    def _forward_cached(self, idx: torch.Tensor, view: CacheView) -> torch.Tensor:
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(view.positions))
+        for layer, block in enumerate(self.blocks):  # called as modules: FSDP's hooks still run
+            view.layer = layer
+            x = block(x, view)
+        return self.head(self.ln_f(x))
+
+    def new_cache(self, slots: int, *, device: torch.device, dtype: torch.dtype) -> KVCache:
+        """An empty KV cache for `slots` requests of up to model.seq_len tokens each."""
+        cfg = self.cfg
+        head_dim = cfg.d_model // cfg.n_head
+        return KVCache(
+            cfg.n_layer, slots, cfg.seq_len, cfg.n_head, head_dim, device=device, dtype=dtype
+        )
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

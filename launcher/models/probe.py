@@ -33,6 +33,12 @@ class ModelInfo:
     blocks: BlockList | None
     vocab: int | None
     """The logits' last dimension (a user model's, from the probe); None when not probed."""
+    block_parameters: int = 0
+    """Parameters of one repeated block (0: no blocks found): FSDP's unit, gathered at once."""
+    largest_parameter: int = 0
+    """Elements of the largest parameter (the optimizer's per-tensor temporaries)."""
+    parameter_sizes: tuple[int, ...] = ()
+    """Elements of each parameter (ZeRO-3 keeps the small ones whole)."""
 
 
 class _NoInitOnMeta(TorchFunctionMode):
@@ -66,7 +72,7 @@ def _on(device: str) -> Iterator[None]:
 
 def _needs_blocks(cfg: RootConfig) -> str | None:
     needs = []
-    if cfg.ac.policy != AcPolicy.none:
+    if cfg.ac.policy not in (AcPolicy.none, AcPolicy.auto):  # auto picks none without blocks
         needs.append(f"ac={cfg.ac.policy.value}")
     if cfg.engine.name.value == "fsdp":
         needs.append("engine=fsdp (one shard unit per block)")
@@ -163,4 +169,6 @@ def inspect_model(cfg: RootConfig) -> ModelInfo:
         with _on("meta"):
             vocab = probe_vocab(cfg.model, model)
         check_vocab(cfg, vocab)
-    return ModelInfo(parameters, blocks, vocab)
+    block = sum(p.numel() for p in blocks.blocks[0].parameters()) if blocks else 0
+    sizes = tuple(p.numel() for p in model.parameters())
+    return ModelInfo(parameters, blocks, vocab, block, max(sizes, default=0), sizes)

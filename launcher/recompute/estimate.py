@@ -122,4 +122,4 @@ def estimate_all(cfg: RootConfig, micro_size: int) -> dict[str, ActivationEstima
     a user model: its shape is unknown here, so nothing is guessed (runs measure it)."""
     if not isinstance(cfg.model, ModelConfig):
         return {}
-    return {p.value: estimate_activations(cfg, micro_size, p) for p in AcPolicy}
+    return {p.value: estimate_activations(cfg, micro_size, p) for p in AcPolicy.granularities()}

@@ -23,6 +23,9 @@ class Runner(ABC):
     """plan.json's "runner": in-process | torchrun | slurm."""
     holds_run_lock: ClassVar[bool] = True
     """`launch` holds the run directory's lock while `run` runs (False: the job takes it)."""
+    worker: str = "launcher.worker"
+    """The module each rank runs (`python -m <worker> <run dir>/config.yaml`); `launch verify`
+    sets launcher.verify.worker, which must also have `run_in_process(cfg, run_dir) -> int`."""
 
     def check_environment(self, cfg: RootConfig) -> str | None:
         """Check that this machine can start the job; return the device type the ranks train on

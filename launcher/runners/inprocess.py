@@ -21,10 +21,13 @@ class InProcessRunner(LocalRunner):
         return thread_environment(cfg)
 
     def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
+        from importlib import import_module
+
         import torch
 
-        from launcher.worker.run import run_in_process  # builds the model, the engine: torch-heavy
-
+        # launcher.worker.run builds the model, the engine: torch-heavy, imported here.
+        worker = "launcher.worker.run" if self.worker == "launcher.worker" else self.worker
+        run_in_process = import_module(worker).run_in_process
         threads = plan.env.get("OMP_NUM_THREADS")
         before = torch.get_num_threads()
         if threads is not None:

@@ -113,16 +113,29 @@ def _refuse_secrets(cfg: RootConfig, script: str) -> None:
     )
 
 
-def render_sbatch(cfg: RootConfig, run_dir: Path) -> str:
+def _verify_step(cfg: RootConfig, verify_only: bool) -> str:
+    """verify.first (or `launch verify`): the split's certificate, in the allocation, before the
+    training step; nothing (the default script unchanged) otherwise."""
+    if not (verify_only or cfg.verify.first):
+        return ""
+    from launcher.verify.slurm import verify_step
+
+    return verify_step(verify_only)
+
+
+def render_sbatch(cfg: RootConfig, run_dir: Path, verify_only: bool = False) -> str:
     """The text of train.sbatch for this run (what `launch plan` shows and `launch train`
-    submits)."""
+    submits); verify_only: verify.sbatch of `launch verify`, which ends after the certificate."""
     run_dir = run_dir.resolve()
     check_slurm(cfg, run_dir)
     cluster = cfg.cluster
+    from launcher.verify.slurm import VERIFY_SBATCH
+
+    script_name = VERIFY_SBATCH if verify_only else SBATCH_FILE
     values = {
         "banner": (
             "Rendered by `launch` from slurm/train.sbatch; change the config, not this file. "
-            f"Resubmit: sbatch {shlex.quote(str(run_dir / SBATCH_FILE))}"
+            f"Resubmit: sbatch {shlex.quote(str(run_dir / script_name))}"
         ),
         "directives": "\n".join(_directives(cfg, run_dir)),
         "run_dir": shlex.quote(str(run_dir)),
@@ -134,6 +147,7 @@ def render_sbatch(cfg: RootConfig, run_dir: Path) -> str:
         "stopped_resumable": str(STOPPED_RESUMABLE),
         "stopped_file": shlex.quote(STOPPED_FILE),
         "setup": "\n".join(cluster.setup) if cluster.setup else "# (none)",
+        "verify_first": _verify_step(cfg, verify_only),
     }
     script = _fill(TEMPLATE.read_text(encoding="utf-8"), values)
     _refuse_secrets(cfg, script)

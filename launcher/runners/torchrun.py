@@ -41,7 +41,7 @@ MONITOR_INTERVAL_S = 0.1
 """How often the agent looks at the ranks: the delay between the last rank's exit and the end."""
 
 
-def torchrun_argv(cfg: RootConfig, run_dir: Path) -> list[str]:
+def torchrun_argv(cfg: RootConfig, run_dir: Path, worker: str = "launcher.worker") -> list[str]:
     """The exact torchrun command `launch train` runs (in its own process) and `launch plan` prints.
 
     --standalone puts the rendezvous on a free port, so runs on one machine never collide.
@@ -61,7 +61,7 @@ def torchrun_argv(cfg: RootConfig, run_dir: Path) -> list[str]:
         f"--log-dir={run_dir / AGENT_DIR}",
         *signals,
         "-m",
-        "launcher.worker",
+        worker,
         str(run_dir / CONFIG_FILE),
     ]
 
@@ -81,7 +81,7 @@ class TorchrunRunner(LocalRunner):
     name = "torchrun"
 
     def command(self, cfg: RootConfig, run_dir: Path) -> list[str]:
-        return torchrun_argv(cfg, run_dir)
+        return torchrun_argv(cfg, run_dir, self.worker)
 
     def environment(self, cfg: RootConfig) -> dict[str, str]:
         return environment_additions(cfg)

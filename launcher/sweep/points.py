@@ -29,6 +29,7 @@ CONFIG, PLAN, SUMMARY, METRICS, STOPPED, OVERRIDES = (
     STOPPED_FILE,  # written by a run stopped on a signal
     f"{HYDRA_DIR}/overrides.yaml",
 )
+CERTIFICATE = "verify.json"  # `launch verify -m`: each point's certificate (launcher/verify/)
 
 
 class Status(str, Enum):
@@ -57,6 +58,8 @@ class Point:
     summary: dict[str, Any] | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    certificate: dict[str, Any] | None = None
+    """verify.json of a `launch verify` point."""
 
     def value(self, key: str) -> Any:
         """A figure from summary.json, else plan.json, else config.yaml (dotted key); None if
@@ -150,6 +153,12 @@ def read_point(path: Path, name: str) -> Point:
     else:
         status = Status.planned
     overrides = _read_yaml(path / OVERRIDES)
+    certificate = _read_json(path / CERTIFICATE)
+    if certificate is not None:  # a `launch verify` point: its verdict is its status
+        certified = bool(certificate.get("certified"))
+        status = Status.ok if certified else Status.failed
+        findings = certificate.get("findings") or [{}]
+        error = None if certified else f"NOT certified: {findings[0].get('message', '')}".strip()
     return Point(
         name=name,
         path=path,
@@ -160,6 +169,7 @@ def read_point(path: Path, name: str) -> Point:
         summary=summary,
         metrics=metrics,
         error=error,
+        certificate=certificate,
     )
 
 

@@ -38,6 +38,10 @@ COLUMNS = (
     "check",
     "note",
     "overrides",
+    "verify",
+    "verify_max_loss_gap",
+    "verify_worst_parameter",
+    "verify_worst_gap",
 )
 """sweep_summary.csv's columns; an empty cell means the point did not report that figure."""
 
@@ -166,6 +170,22 @@ def _row(point: Point, comparison: Comparison, label: str) -> dict[str, Any]:
         "check": comparison.verdict.value,
         "note": note or "",
         "overrides": " ".join(point.overrides),
+        **_certificate_cells(point.certificate),
+    }
+
+
+def _certificate_cells(certificate: dict[str, Any] | None) -> dict[str, Any]:
+    """A `launch verify` point's certificate (verify.json): empty cells for a training point."""
+    if certificate is None:
+        return dict.fromkeys(COLUMNS[-4:])
+    gaps = [s.get("loss_gap") for s in certificate.get("steps", [])]
+    worst = certificate.get("worst_parameter") or {}
+    return {
+        "verify": "certified" if certificate.get("certified") else "NOT certified",
+        "verify_max_loss_gap": max((g for g in gaps if g is not None), default=None),
+        "verify_worst_parameter": worst.get("name"),
+        "verify_worst_gap": worst.get("gap"),
+        "verify_loss_gaps": gaps,
     }
 
 

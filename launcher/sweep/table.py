@@ -66,6 +66,42 @@ def _window(steps: int) -> str:
     return f"the first {steps} steps both logged" if steps else "every step both logged"
 
 
+def _gaps(gaps: list[float | None]) -> str:
+    return " ".join("-" if g is None else f"{g:.1e}" for g in gaps)
+
+
+def _certificates(rows: list[dict[str, Any]]) -> list[str]:
+    """`launch verify -m`: one certificate row per point (each point's verify.json)."""
+    rows = [row for row in rows if row.get("verify")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Certificates (`launch verify`)",
+        "",
+        "| point | label | dp x accum x micro | engine | ac | loss gap per step | worst parameter "
+        "| gap | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        split = (
+            "" if r["grad_accum"] is None else f"{r['dp']} x {r['grad_accum']} x {r['micro_size']}"
+        )
+        cells = [
+            r["point"],
+            r["label"],
+            split,
+            r["engine"],
+            r["ac"],
+            _gaps(r.get("verify_loss_gaps") or []),
+            r["verify_worst_parameter"],
+            _num(r["verify_worst_gap"], ".1e"),
+            f"**{r['verify']}**" if r["verify"] != "certified" else r["verify"],
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return lines
+
+
 def render_markdown(summary: SweepSummary) -> str:
     lines = [
         f"# Sweep summary: {sweep_name(summary.sweep_dir)}",
@@ -86,6 +122,7 @@ def render_markdown(summary: SweepSummary) -> str:
     ]
     for row in summary.rows:
         lines.append("| " + " | ".join(_cell(cell(row)) for _, cell in MD_COLUMNS) + " |")
+    lines += _certificates(summary.rows)
     failed = [row for row in summary.rows if row["status"] == "failed"]
     if failed:
         lines += ["", "## Failed points", ""]

@@ -22,6 +22,7 @@ METRIC_KEYS = (
     "data_s",
     "mfu",
     "peak_memory_bytes",
+    "peak_rss_bytes",
     "skipped",
     "val_loss",
 )
@@ -69,8 +70,11 @@ class StepMetrics:
     def compute_s(self) -> float:
         return max(0.0, self.step_time_s - self.data_s - self.comm_wait_s)
 
-    def line(self, mfu: float | None, peak_memory_bytes: int | None) -> dict[str, Any]:
-        """The metrics.jsonl line, keys in METRIC_KEYS order, NaN as null."""
+    def line(
+        self, mfu: float | None, peak_memory_bytes: int | None, peak_rss_bytes: int | None = None
+    ) -> dict[str, Any]:
+        """The metrics.jsonl line, keys in METRIC_KEYS order, NaN as null. peak_memory_bytes:
+        peak tensor memory (null on CPU until the first steps' measurement closes)."""
         values = {
             "step": self.step,
             "loss": self.loss,
@@ -87,6 +91,7 @@ class StepMetrics:
             "data_s": self.data_s,
             "mfu": mfu,
             "peak_memory_bytes": peak_memory_bytes,
+            "peak_rss_bytes": peak_rss_bytes,
             "skipped": self.skipped,
             "val_loss": self.val_loss,
         }

@@ -40,7 +40,13 @@ class RunSummary:
     tokens: int
     tokens_per_s: float
     train_seconds: float
-    peak_memory_bytes: int
+    peak_memory_bytes: int | None
+    """Peak tensor memory of a rank: CUDA's max_memory_allocated, or on CPU the tensor peak
+    measured over the first steps (launcher/memory/peak.py)."""
+    planned_peak_bytes: int | None
+    """The memory plan's per-rank peak (plan.json), to compare with peak_memory_bytes."""
+    peak_rss_bytes: int
+    """Peak resident set size of the process."""
     shape: RunShape
     eval_accuracy: float | None
     resumed_from_step: int | None
@@ -76,6 +82,8 @@ class RunSummary:
             "tokens_per_s": self.tokens_per_s,
             "train_seconds": self.train_seconds,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "planned_peak_bytes": self.planned_peak_bytes,
+            "peak_rss_bytes": self.peak_rss_bytes,
             "world_size": s.world_size,
             "dp": s.dp,
             "micro_size": s.micro_size,

@@ -29,6 +29,7 @@ from launcher.tracking.summary import RunShape, RunSummary
 if TYPE_CHECKING:
     from launcher.config.root import RootConfig
     from launcher.distributed import DistContext
+    from launcher.memory.peak import PeakMeter
     from launcher.tracking.wandb_run import WandbRun
 
 __all__ = ["METRIC_KEYS", "Progress", "RunTotals", "StepMetrics", "Tracker", "start_tracking"]
@@ -36,11 +37,17 @@ __all__ = ["METRIC_KEYS", "Progress", "RunTotals", "StepMetrics", "Tracker", "st
 log = get_logger("tracking")
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """torch.cuda.max_memory_allocated on GPU; peak resident set size of this process on CPU."""
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (Linux reports KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def peak_memory_bytes(device: torch.device, meter: PeakMeter | None = None) -> int | None:
+    """Peak tensor memory: torch.cuda.max_memory_allocated on GPU; on CPU the first steps'
+    measured tensor peak (launcher/memory/peak.py), None before it is measured."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    return meter.peak_bytes if meter is not None else None
 
 
 class Tracker:
@@ -73,6 +80,8 @@ class Tracker:
         self.totals = RunTotals()
         self.progress = Progress(total_steps, log_every, stream) if enabled else None
         self._metrics: TextIO | None = None
+        self.peak_meter: PeakMeter | None = None
+        """The first steps' measured tensor peak (set by the worker)."""
         if enabled:
             # Appended: a resumed run continues the same file (after `rewind`).
             self._metrics = open(run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
@@ -107,7 +116,9 @@ class Tracker:
             return
         assert self._metrics is not None and self.progress is not None
         line = m.line(
-            self._mfu(self.positions_per_step, m.step_time_s), peak_memory_bytes(self.device)
+            self._mfu(self.positions_per_step, m.step_time_s),
+            peak_memory_bytes(self.device, self.peak_meter),
+            peak_rss_bytes(),
         )
         self._metrics.write(json.dumps(line) + "\n")
         self._metrics.flush()
@@ -125,10 +136,11 @@ class Tracker:
         self,
         shape: RunShape,
         *,
-        peak_memory: int,
+        peak_memory: int | None,
         eval_accuracy: float | None,
         resumed_from_step: int | None,
         activations: dict[str, Any],
+        planned_peak: int | None = None,
     ) -> RunSummary:
         """The run's summary from its totals, utilisation and the caller's measurements."""
         t = self.totals
@@ -141,6 +153,8 @@ class Tracker:
             tokens_per_s=t.tokens_per_s,
             train_seconds=t.seconds,
             peak_memory_bytes=peak_memory,
+            planned_peak_bytes=planned_peak,
+            peak_rss_bytes=peak_rss_bytes(),
             shape=shape,
             eval_accuracy=eval_accuracy,
             resumed_from_step=resumed_from_step,

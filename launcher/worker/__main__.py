@@ -18,24 +18,29 @@ def _die_with_agent() -> None:
     die_with_parent(parent=int(agent) if agent.isdigit() else None)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, worker: str = "launcher.worker") -> int:
+    """worker: the module whose `run_in_process(cfg, run_dir)` each rank runs (launcher.worker:
+    training; launcher.verify.worker: `launch verify`'s ranks)."""
     _die_with_agent()
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    code = record(_main)(argv)  # a failure's traceback also goes to torchrun's error file
+    code = record(_main)(argv, worker)  # a failure's traceback also goes to torchrun's error file
     return 1 if code is None else code
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, worker: str = "launcher.worker") -> int:
+    from importlib import import_module
     from pathlib import Path
 
     from launcher.config import load_config_file
     from launcher.errors import LauncherError
-    from launcher.worker.run import run_in_process
 
+    run_in_process = import_module(
+        "launcher.worker.run" if worker == "launcher.worker" else worker
+    ).run_in_process
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m launcher.worker <run dir>/config.yaml", file=sys.stderr)
+        print(f"usage: python -m {worker} <run dir>/config.yaml", file=sys.stderr)
         return 2
     config_path = Path(args[0]).resolve()
     try:

@@ -1,12 +1,17 @@
-"""Exact-match accuracy on held-out problems by greedy decoding (every rank runs it, so sharded
-engines can gather their parameters; rank 0 reports)."""
+"""Exact-match accuracy on held-out problems by greedy decoding with the generation engine
+(launcher/serve/engine.py). Every rank runs it, in the same order, so sharded engines can gather
+their parameters; rank 0 reports."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 from torch import nn
+
+from launcher.serve.adapters import adapter_for
+from launcher.serve.engine import Engine, Request
+
+EVAL_SLOTS = 16
+"""Problems decoded at once (continuous batching; the answers do not depend on it)."""
 
 
 @torch.no_grad()
@@ -18,18 +23,14 @@ def exact_match(
         return None
     was_training = model.training
     model.eval()
-    # Same prompt and answer length -> one batch; no padding games needed.
-    groups: dict[tuple[int, int], list[tuple[bytes, bytes]]] = defaultdict(list)
-    for prompt, answer in problems:
-        if len(prompt) + len(answer) - 1 <= seq_len:
-            groups[(len(prompt), len(answer))].append((prompt, answer))
+    # Only problems whose answer fits the context can be answered (the last token is not fed).
+    fits = [(p, a) for p, a in problems if len(p) + len(a) - 1 <= seq_len]
     correct = 0
-    for (_, answer_len), group in sorted(groups.items()):
-        ids = torch.tensor([list(p) for p, _ in group], dtype=torch.long, device=device)
-        for _ in range(answer_len):
-            logits = model(ids)
-            ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        got = ids[:, -answer_len:].tolist()
-        correct += sum(bytes(g) == a for g, (_, a) in zip(got, group, strict=True))
+    if fits:
+        slots = min(EVAL_SLOTS, len(fits))
+        engine = Engine(adapter_for(model, slots, seq_len, device), slots)
+        requests = [engine.submit(Request(list(p), len(a), tag=a)) for p, a in fits]
+        engine.run()
+        correct = sum(bytes(r.output_ids) == r.tag for r in requests)
     model.train(was_training)
     return correct / len(problems)

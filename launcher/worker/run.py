@@ -15,7 +15,7 @@ from torch import nn
 from launcher.checkpoint.checkpointer import Checkpointer
 from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
-from launcher.data.build import build_datasets, vocab_of
+from launcher.data.build import Datasets, build_datasets, vocab_of
 from launcher.distributed import (
     DistContext,
     check_world_size,
@@ -25,6 +25,8 @@ from launcher.distributed import (
 from launcher.engines import build_engine
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger, setup_logging
+from launcher.memory.auto import require_planned
+from launcher.memory.peak import PeakMeter, planned_peak_bytes
 from launcher.models import build_model as construct_model
 from launcher.recompute.measure import activation_report
 from launcher.recompute.policies import apply_recompute
@@ -77,24 +79,38 @@ def build_model(cfg: RootConfig) -> nn.Module:
     return model
 
 
+def seed_rank(cfg: RootConfig, rank: int) -> None:
+    """Dropout differs per rank; the data order never depends on this."""
+    torch.manual_seed(cfg.train.seed + 1_000_003 * (rank + 1))
+
+
+def build_data(cfg: RootConfig, model: nn.Module) -> Datasets:
+    """The training (and held-out) data, tokenised for this model's vocabulary."""
+    vocab = getattr(cfg.model, "vocab_size", None) or vocab_of(model)
+    return build_datasets(cfg.data, cfg.model.seq_len, cfg.train.seed, vocab)
+
+
 def train_rank(
     cfg: RootConfig, run_dir: Path, ctx: DistContext, stop: StopFlag | None = None
 ) -> RunEnd:
     check_world_size(ctx, cfg.parallel.dp, cfg.parallel.nodes)
+    require_planned(cfg)  # batch.micro_size=auto / ac=auto are chosen by the plan, never here
     split = cfg.split()
     model = build_model(cfg)
     warn_batch_dependent_layers(model, split.micro_size, split.global_size)
     engine = build_engine(cfg, model, ctx)
-    # Dropout differs per rank; the data order never depends on this.
-    torch.manual_seed(cfg.train.seed + 1_000_003 * (ctx.rank + 1))
-    vocab = getattr(cfg.model, "vocab_size", None) or vocab_of(model)
-    data = build_datasets(cfg.data, cfg.model.seq_len, cfg.train.seed, vocab)
+    seed_rank(cfg, ctx.rank)
+    data = build_data(cfg, model)
     dataset = data.train
     tracker = start_tracking(cfg, run_dir, ctx)
     trainer = Trainer(cfg, ctx, engine, dataset, tracker, loss_fn=loss_function(cfg))
     checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
+    # The measured peak of the first steps, against the plan (before a checkpoint is saved).
+    planned = planned_peak_bytes(run_dir)
+    meter = PeakMeter(ctx.device, engine.model, cfg.train.steps, planned, ctx.is_main)
+    tracker.peak_meter = meter
     # Checkpoints first: a test's pause after a step comes once the step is saved.
-    trainer.callbacks = [checkpoints, *debug_callbacks(cfg, ctx.rank)]
+    trainer.callbacks = [meter, checkpoints, *debug_callbacks(cfg, ctx.rank)]
     if cfg.eval.every and data.val is not None:
         trainer.evaluate = Evaluator(cfg, ctx, engine, data.val)
     try:
@@ -114,7 +130,8 @@ def train_rank(
         # End the wandb run now (a stop with STOPPED_RESUMABLE shows as preempted).
         tracker.close(exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1)
         raise
-    peak_memory = peak_memory_bytes(ctx.device)  # read before the probe resets CUDA's peak
+    meter.close()  # a resumed run may end inside the window
+    peak_memory = peak_memory_bytes(ctx.device, meter)  # before the probe resets CUDA's peak
     probe_inputs, probe_targets = trainer.probe_batch()
     # Measured on a replica, no collectives: rank 0 alone writes summary.json.
     activations = (
@@ -136,6 +153,7 @@ def train_rank(
         eval_accuracy=accuracy,
         resumed_from_step=resumed.step if resumed is not None else None,
         activations=activations,
+        planned_peak=planned,
     )
     summary = dataclasses.replace(summary, final_val_loss=tracker.totals.final_val_loss)
     tracker.finish(summary)

@@ -148,6 +148,7 @@ _ENV_DROP_PREFIXES = ("SLURM_", "TORCHELASTIC_")
 
 _CORES_WARNING = re.compile(r"parallel\.dp=\d+ ranks on \d+ CPU core\(s\)")
 _WANDB_RUN = re.compile(r"\b(offline-run|run)-\d{8}_\d{6}-[0-9a-z]+\b")
+_MACHINE_BUDGET = re.compile(r"\d+% of the budget [\d.,]+ [KMGT]?i?B")
 
 
 def local_cpu_count() -> int:
@@ -193,6 +194,8 @@ class Normaliser:
         for old, new in self.pairs:
             value = value.replace(old, new)
         value = _WANDB_RUN.sub(lambda m: f"{m[1]}-<TIMESTAMP>-<WANDB_ID>", value)
+        # The default memory budget is this machine's RAM shared by its ranks.
+        value = _MACHINE_BUDGET.sub("<SHARE> of the budget <RAM/RANKS_PER_NODE>", value)
         return re.sub(
             rf"\bOMP_NUM_THREADS={self.threads}\b",
             "OMP_NUM_THREADS=<CPUS/RANKS_PER_NODE>",
@@ -211,6 +214,8 @@ class Normaliser:
             out = {self.text(k): self.data(v) for k, v in value.items()}
             if out.get("OMP_NUM_THREADS") == self.threads:  # plan.json's "env"
                 out["OMP_NUM_THREADS"] = "<CPUS/RANKS_PER_NODE>"
+            if isinstance(out.get("memory_budget_bytes"), int):  # plan.json: this machine's RAM
+                out["memory_budget_bytes"] = "<RAM/RANKS_PER_NODE>"
             return out
         return value
 

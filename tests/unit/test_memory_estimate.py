@@ -30,7 +30,7 @@ def config(policy: AcPolicy, n_layer: int = 6) -> RootConfig:
     )
 
 
-@pytest.mark.parametrize("policy", list(AcPolicy))
+@pytest.mark.parametrize("policy", AcPolicy.granularities())
 def test_estimate_matches_the_cpu_measurement(policy: AcPolicy) -> None:
     cfg = config(policy)
     torch.manual_seed(0)
@@ -54,10 +54,11 @@ def test_estimate_matches_the_cpu_measurement(policy: AcPolicy) -> None:
 def test_plan_reports_every_policy_and_the_chosen_one(tmp_path: Path) -> None:
     cfg = config(AcPolicy.sqrt, n_layer=16)
     plan = build_plan(cfg, tmp_path, runner_for(cfg))
-    assert list(plan.activation_estimates) == [p.value for p in AcPolicy]
+    assert list(plan.activation_estimates) == [p.value for p in AcPolicy.granularities()]
     chosen = plan.activation_estimates["sqrt"]
-    assert plan.memory_estimate["activations"] == chosen["activation_bytes"]
-    assert plan.memory_estimate["activations_peak"] == chosen["activation_peak_bytes"]
+    # plan.json's memory_estimate holds the probe's figures; the formula agrees with them
+    assert plan.memory_estimate["activations"] == plan.memory_plan["activation_bytes"]
+    assert plan.memory_estimate["activations"] == pytest.approx(chosen["activation_bytes"], rel=0.1)
     saved = {name: e["activation_bytes"] for name, e in plan.activation_estimates.items()}
     assert saved["sqrt"] < saved["full"] < saved["every_n"] < saved["none"]
     assert saved["selective"] < 0.7 * saved["none"]

@@ -24,7 +24,7 @@ from launcher.recompute.policies import (
 )
 from launcher.training.loss import token_loss_sum
 
-POLICIES = list(AcPolicy)
+POLICIES = AcPolicy.granularities()
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

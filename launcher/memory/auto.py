@@ -1,0 +1,151 @@
+"""`batch.micro_size=auto` and `ac=auto`: the split and granularity a run uses, from the plan.
+
+Candidates keep the global batch (micro sizes are the divisors of the per-rank batch; grad_accum
+follows), so the chosen run trains exactly the run asked for. A candidate fits when its planned
+peak is within the budget less SAFETY_MARGIN. Among those that fit, the fastest by a simple step-
+time model: recompute FLOPs ratio x (1 + MICRO_BATCH_OVERHEAD / micro_size), since small
+micro-batches run below the device's speed; ties go to the larger micro-batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.config.ac import AcPolicy
+from launcher.config.root import RootConfig
+from launcher.errors import ConfigError
+from launcher.memory.budget import Budget, divisors, over_budget, size
+from launcher.memory.parts import MemoryPlan, ModelShape
+from launcher.memory.planner import Planner
+from launcher.models.probe import ModelInfo
+
+SAFETY_MARGIN = 0.10
+"""Fraction of the budget an automatic choice leaves free (allocator slack, the framework)."""
+MICRO_BATCH_OVERHEAD = 0.25
+"""Step-time model: a micro-batch of one sequence costs this much more per sequence than a large
+one (kernel launches, the per-micro-batch loss and hooks)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    micro_size: int
+    policy: AcPolicy
+    plan: MemoryPlan
+    reason: str
+    request: dict[str, Any]
+    """What was asked: batch.micro_size and ac as given."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requested": self.request,
+            "micro_size": self.micro_size,
+            "ac": self.policy.value,
+            "reason": self.reason,
+        }
+
+
+def relative_step_time(planner: Planner, micro_size: int, policy: AcPolicy) -> float:
+    return planner.flops_ratio(policy) * (1 + MICRO_BATCH_OVERHEAD / micro_size)
+
+
+def _request(cfg: RootConfig) -> dict[str, Any]:
+    return {"batch.micro_size": cfg.batch.micro_size, "ac": cfg.ac.policy.value}
+
+
+def choose(planner: Planner, budget: Budget | None) -> Choice:
+    """The micro size and policy to run (the request's own when neither is auto); raises the
+    over-budget ConfigError when nothing fits."""
+    cfg = planner.cfg
+    split = cfg.split()
+    per_rank = split.global_size // split.dp
+    auto_micro, auto_ac = cfg.batch.auto, cfg.ac.policy == AcPolicy.auto
+    micros = divisors(per_rank) if auto_micro else []
+    micros = micros or [split.micro_size]
+    policies = planner.policies() if auto_ac else [cfg.ac.policy]
+    if budget is None:
+        micro, policy = micros[0], policies[0]
+        plan = planner.plan(micro, policy)
+        why = "no memory budget (set train.memory_budget: a SLURM job on GPUs has no default)"
+        reason = _reason(micro, policy, per_rank, why, auto_micro, auto_ac)
+        return Choice(micro, policy, plan, reason, _request(cfg))
+    exact = not (auto_micro or auto_ac)
+    target = budget.bytes if exact else int(budget.bytes * (1 - SAFETY_MARGIN))
+    # Fastest first by the step-time model (known before any probe), so the first candidate that
+    # fits is the choice, and the granularities after it are never probed.
+    order = sorted(
+        ((relative_step_time(planner, m, p), -m, p) for m in micros for p in policies),
+        key=lambda c: (c[0], c[1]),
+    )
+    chosen: tuple[int, AcPolicy, MemoryPlan] | None = None
+    for _, neg_micro, policy in order:
+        plan = planner.plan(-neg_micro, policy)
+        if plan.peak <= target:
+            chosen = (-neg_micro, policy, plan)
+            break
+    if chosen is None:
+        plan = (
+            planner.plan(micros[0], policies[0])
+            if exact
+            else planner.plan(micros[-1], policies[-1])
+        )
+        note = "" if exact else f" (less the {SAFETY_MARGIN:.0%} margin an automatic choice keeps)"
+        raise over_budget(planner, plan, budget, note)
+    micro, policy, plan = chosen
+    why = (
+        f"the fastest fit: planned peak {size(plan.peak)} within {size(target)} "
+        f"({budget.source}{'' if exact else f' less {SAFETY_MARGIN:.0%}'})"
+    )
+    larger = [m for m in micros if m > micro]
+    if auto_micro and larger:
+        bigger = planner.plan(larger[-1], policy)
+        why += f"; batch.micro_size={larger[-1]} would need {size(bigger.peak)}"
+    reason = _reason(micro, policy, per_rank, why, auto_micro, auto_ac)
+    return Choice(micro, policy, plan, reason, _request(cfg))
+
+
+def _reason(
+    micro: int, policy: AcPolicy, per_rank: int, why: str, auto_micro: bool, auto_ac: bool
+) -> str:
+    chosen = []
+    if auto_micro:
+        chosen.append(f"batch.micro_size={micro} (grad_accum {per_rank // micro})")
+    if auto_ac:
+        chosen.append(f"ac={policy.value}")
+    if not chosen:
+        return why
+    return f"chose {' and '.join(chosen)}: {why}"
+
+
+def resolved(cfg: RootConfig, choice: Choice) -> RootConfig:
+    """The config the ranks run: the chosen micro size (grad_accum derived) and policy."""
+    if cfg.batch.auto:
+        batch = dataclasses.replace(cfg.batch, micro_size=choice.micro_size, grad_accum=None)
+        cfg = dataclasses.replace(cfg, batch=batch)
+    if cfg.ac.policy == AcPolicy.auto:
+        cfg = dataclasses.replace(cfg, ac=dataclasses.replace(cfg.ac, policy=choice.policy))
+    return cfg
+
+
+def plan_and_choose(
+    cfg: RootConfig, info: ModelInfo, budget: Budget | None
+) -> tuple[RootConfig, Choice]:
+    """The memory plan of a run and its auto choices: (the config the ranks run, the choice)."""
+    blocks = len(info.blocks) if info.blocks is not None else 0
+    shape = ModelShape(
+        info.parameters, info.block_parameters, blocks, info.largest_parameter, info.parameter_sizes
+    )
+    choice = choose(Planner(cfg, shape), budget)
+    return resolved(cfg, choice), choice
+
+
+def require_planned(cfg: RootConfig) -> None:
+    """A rank refuses a config whose auto keys were never resolved by a plan (config.yaml written
+    by hand or by a tool that skipped `plan.config`): it would train another split."""
+    if cfg.batch.auto or cfg.ac.policy == AcPolicy.auto:
+        raise ConfigError(
+            ["batch.micro_size", "ac"],
+            "auto is chosen by the plan before launch, and this config was not planned.",
+            "start it with `launch train` (or write the config returned as plan.config).",
+        )

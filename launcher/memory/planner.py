@@ -1,0 +1,88 @@
+"""Plans of a configuration and of its variants (micro size, granularity, engine, dp): what the
+budget check, its error's fixes and the automatic split compare. Activations are probed once per
+granularity (launcher/memory/probe.py) and reused for every micro size and engine."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.config.ac import AcPolicy
+from launcher.config.engine import EngineName
+from launcher.config.model import ModelConfig
+from launcher.config.root import RootConfig
+from launcher.memory.parts import MemoryPlan, ModelShape, plan_memory
+from launcher.memory.probe import ActivationLine, probe_activations
+
+GENERIC_FLOPS = {
+    AcPolicy.none: 1.0,
+    AcPolicy.selective: 1.02,
+    AcPolicy.every_n: 1.17,
+    AcPolicy.sqrt: 1.33,
+    AcPolicy.full: 1.33,
+}
+"""Training FLOPs over no recompute, for a model whose shape the launcher does not know: full
+recompute reruns the forward (a third of the step); every_n half of it; selective only cheap ops."""
+
+COST_ORDER = [AcPolicy.none, AcPolicy.selective, AcPolicy.every_n, AcPolicy.sqrt, AcPolicy.full]
+"""Granularities from the least recompute to the most (sqrt and full rerun every block; full
+keeps less at its peak, so it comes last as the smallest)."""
+
+
+def with_engine(cfg: RootConfig, name: EngineName, stage: int = 0) -> RootConfig:
+    engine = dataclasses.replace(cfg.engine, name=name, zero_stage=stage)
+    return dataclasses.replace(cfg, engine=engine)
+
+
+def with_dp(cfg: RootConfig, dp: int) -> RootConfig:
+    parallel = dataclasses.replace(cfg.parallel, dp=dp, nodes=1)
+    return dataclasses.replace(cfg, parallel=parallel)
+
+
+@dataclass
+class Planner:
+    """Plans for one model; `cfg` is the request (micro size and policy may be auto)."""
+
+    cfg: RootConfig
+    shape: ModelShape
+    lines: dict[AcPolicy, ActivationLine] = field(default_factory=dict)
+
+    def line(self, policy: AcPolicy) -> ActivationLine:
+        if policy not in self.lines:
+            self.lines.update(probe_activations(self.cfg, [policy]))
+        return self.lines[policy]
+
+    def probe(self, policies: list[AcPolicy]) -> None:
+        missing = [p for p in policies if p not in self.lines]
+        if missing:
+            self.lines.update(probe_activations(self.cfg, missing))
+
+    def plan(self, micro_size: int, policy: AcPolicy, cfg: RootConfig | None = None) -> MemoryPlan:
+        cfg = cfg or self.cfg
+        ac = dataclasses.replace(cfg.ac, policy=policy)
+        cfg = dataclasses.replace(cfg, ac=ac)
+        return plan_memory(cfg, self.shape, _ds_config(cfg), self.line(policy), micro_size)
+
+    def flops_ratio(self, policy: AcPolicy) -> float:
+        if isinstance(self.cfg.model, ModelConfig):
+            from launcher.recompute.estimate import estimate_activations
+
+            ac = dataclasses.replace(self.cfg.ac, policy=policy)
+            cfg = dataclasses.replace(self.cfg, ac=ac)
+            return estimate_activations(cfg, 1, policy).recompute_flops_ratio
+        return GENERIC_FLOPS[policy]
+
+    def policies(self) -> list[AcPolicy]:
+        """The granularities this model can run, cheapest first (all need blocks but none)."""
+        if self.shape.n_blocks == 0:
+            return [AcPolicy.none]
+        return list(COST_ORDER)
+
+
+def _ds_config(cfg: RootConfig) -> dict[str, Any]:
+    if cfg.engine.name != EngineName.deepspeed:
+        return {}
+    from launcher.engines.ds_config import build_ds_config
+
+    return build_ds_config(cfg)

@@ -1,0 +1,29 @@
+"""The memory plan as `launch plan` and `launch train` print it: one row per part, the peak next to
+the budget, and the automatic choice with its reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.memory.budget import size
+
+
+def memory_table(
+    memory_plan: dict[str, Any], budget: int | None, choice: dict[str, Any] | None
+) -> list[str]:
+    if not memory_plan:
+        return []
+    peak = memory_plan["planned_peak_bytes"]
+    head = (
+        f"memory plan per rank: micro-batch of {memory_plan['micro_size']}, "
+        f"ac={memory_plan['ac']}, activations by {memory_plan['activations_method']}"
+    )
+    lines = [head]
+    for name, n in memory_plan["parts"].items():
+        share = f"{n / peak:6.1%}" if peak else ""
+        lines.append(f"  {name:<18}{size(n):>14}  {share}")
+    against = f"{peak / budget:.0%} of the budget {size(budget)}" if budget else "no budget"
+    lines.append(f"  {'planned peak':<18}{size(peak):>14}  {against}")
+    if choice is not None:
+        lines.append(f"choice      {choice['reason']}")
+    return lines

@@ -1,0 +1,174 @@
+"""`launch generate` and `launch serve`: parse, load the run, hand over to generate.py or
+server.py. Every bad input is one line on stderr and exit status 2, before any model loads
+where it can be found earlier."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from launcher.config.serve import ServeConfig
+from launcher.errors import ConfigError, LauncherError
+from launcher.exit_codes import CONFIG_ERROR
+from launcher.logs import get_logger, setup_logging
+from launcher.serve.options import CommandLine, apply_overrides, parse_argv
+
+GENERATE_USAGE = """\
+usage: launch generate RUN_DIR_OR_CHECKPOINT PROMPTS.jsonl [--output FILE] [overrides]
+
+Batched offline generation from a run's newest complete checkpoint (or the checkpoints/step_<N>
+given), with continuous batching. Each input line is {"prompt": "...", "max_new_tokens": N}
+("max_new_tokens", "stop" and "seed" optional); each output line is the input object plus
+"completion", in input order, on stdout or in FILE. Progress and tokens/s go to stderr.
+
+overrides: serve.slots serve.max_new_tokens serve.temperature serve.top_k serve.top_p
+           serve.seed serve.max_prompt_tokens train.device=auto|cpu|cuda
+"""
+
+SERVE_USAGE = """\
+usage: launch serve RUN_DIR_OR_CHECKPOINT [overrides]
+
+An HTTP server on a run's checkpoint: POST /v1/completions (OpenAI completions shape), GET
+/health. Needs the serve extra: pip install 'launcher[serve]'. SIGTERM or Ctrl-C: finish the
+requests held, then exit 0.
+
+overrides: serve.host serve.port serve.slots serve.queue serve.max_new_tokens
+           serve.max_prompt_tokens serve.temperature serve.top_k serve.top_p serve.seed
+           train.device=auto|cpu|cuda
+"""
+
+SERVE_INSTALL = "pip install 'launcher[serve]'"
+
+
+def _device(name: str) -> Any:
+    from launcher.distributed import pick_device
+
+    return pick_device(name, 0)
+
+
+def _positionals(line: CommandLine, names: list[str], usage: str) -> list[str]:
+    if len(line.positionals) != len(names):
+        given = " ".join(line.positionals) or "nothing"
+        raise ConfigError(
+            names[len(line.positionals)] if len(line.positionals) < len(names) else "arguments",
+            f"expected {' '.join(names)}, got {given}.",
+            usage.splitlines()[0].removeprefix("usage: ") + ".",
+        )
+    return line.positionals
+
+
+def _refused(exc: LauncherError) -> int:
+    get_logger().error(str(exc))
+    return exc.exit_code or CONFIG_ERROR
+
+
+def generate_main(argv: list[str]) -> int:
+    setup_logging(0)
+    try:
+        line = parse_argv(argv, "generate", takes_output=True)
+        if line.help:
+            print(GENERATE_USAGE, end="")
+            return 0
+        run_arg, prompts_arg = _positionals(
+            line, ["RUN_DIR_OR_CHECKPOINT", "PROMPTS.jsonl"], GENERATE_USAGE
+        )
+        from launcher.serve.generate import build_engine, generate, prompt_limit, to_requests
+        from launcher.serve.load import find_checkpoint, load_run
+        from launcher.serve.prompts import read_prompts
+
+        apply_overrides(ServeConfig(), line.overrides, "generate")  # keys and types, early
+        find_checkpoint(run_arg)  # a missing run is named before the prompts are read
+        lines = read_prompts(prompts_arg)
+        run = load_run(run_arg, _device("cpu"))
+        serve, device_name = apply_overrides(run.cfg.serve, line.overrides, "generate")
+        device = _device(device_name)
+        run.model.to(device)
+        engine = build_engine(run, serve, device)
+        requests = to_requests(lines, run, serve, prompt_limit(serve, engine.context))
+        if line.output:
+            Path(line.output).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            with open(Path(line.output).expanduser(), "w", encoding="utf-8") as out:
+                generate(engine, requests, out)
+        else:
+            generate(engine, requests, sys.stdout)
+    except LauncherError as exc:
+        return _refused(exc)
+    return 0
+
+
+def serve_main(argv: list[str]) -> int:
+    setup_logging(0)
+    try:
+        line = parse_argv(argv, "serve", takes_output=False)
+        if line.help:
+            print(SERVE_USAGE, end="")
+            return 0
+        (run_arg,) = _positionals(line, ["RUN_DIR_OR_CHECKPOINT"], SERVE_USAGE)
+        _require_serve_extra()
+        from launcher.serve.load import find_checkpoint, load_run
+
+        apply_overrides(ServeConfig(), line.overrides, "serve")
+        find_checkpoint(run_arg)
+        run = load_run(run_arg, _device("cpu"))
+        serve, device_name = apply_overrides(run.cfg.serve, line.overrides, "serve")
+        return _serve(run, serve, _device(device_name), run_arg)
+    except LauncherError as exc:
+        return _refused(exc)
+
+
+def _require_serve_extra() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            "launch serve",
+            f"needs the serve extra (FastAPI, uvicorn), which is not installed ({exc.name} is "
+            "missing).",
+            f"{SERVE_INSTALL}.",
+        ) from None
+
+
+def _serve(run: Any, serve: Any, device: Any, name: str) -> int:
+    import uvicorn
+
+    from launcher.serve.generate import build_engine, prompt_limit
+    from launcher.serve.server import ServeState, create_app
+    from launcher.serve.worker import EngineThread
+
+    run.model.to(device)
+    engine = build_engine(run, serve, device, queue=serve.queue)
+    worker = EngineThread(engine)
+    state = ServeState(worker, run.codec, serve, prompt_limit(serve, engine.context), name)
+    app = create_app(state)
+    config = uvicorn.Config(app, host=serve.host, port=serve.port, log_level="warning")
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal that stopped it once it is done; these handlers make that
+    # a no-op, so a graceful stop exits 0 instead of dying by the signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    worker.start()
+    log = get_logger()
+    log.info(
+        f"serving {run.checkpoint.path} on http://{serve.host}:{serve.port} "
+        f"({serve.slots} slots, queue {serve.queue}); POST /v1/completions, GET /health"
+    )
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits when it cannot listen; say it in our one line below
+        pass
+    finally:
+        state.accepting = False
+        worker.stop()
+    if worker.error is not None:
+        log.error(f"the engine failed: {type(worker.error).__name__}: {worker.error}")
+        return 1
+    if not server.started:
+        log.error(
+            f"could not listen on {serve.host}:{serve.port} (in use, or not an address here)."
+        )
+        return CONFIG_ERROR
+    log.info("stopped: every request held was answered.")
+    return 0
