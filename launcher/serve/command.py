@@ -4,6 +4,7 @@ where it can be found earlier."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -81,6 +82,8 @@ def generate_main(argv: list[str]) -> int:
         apply_overrides(ServeConfig(), line.overrides, "generate")  # keys and types, early
         find_checkpoint(run_arg)  # a missing run is named before the prompts are read
         lines = read_prompts(prompts_arg)
+        if line.output:
+            _check_output(Path(line.output).expanduser())  # before the model loads
         run = load_run(run_arg, _device("cpu"))
         serve, device_name = apply_overrides(run.cfg.serve, line.overrides, "generate")
         device = _device(device_name)
@@ -88,14 +91,34 @@ def generate_main(argv: list[str]) -> int:
         engine = build_engine(run, serve, device)
         requests = to_requests(lines, run, serve, prompt_limit(serve, engine.context))
         if line.output:
-            Path(line.output).expanduser().parent.mkdir(parents=True, exist_ok=True)
-            with open(Path(line.output).expanduser(), "w", encoding="utf-8") as out:
-                generate(engine, requests, out)
+            _generate_to_file(engine, requests, Path(line.output).expanduser(), generate)
         else:
             generate(engine, requests, sys.stdout)
     except LauncherError as exc:
         return _refused(exc)
     return 0
+
+
+def _check_output(path: Path) -> None:
+    if path.is_dir():
+        raise ConfigError("--output", f"{path} is a directory.", "give a file path.")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            "--output", f"cannot create {path.parent} ({exc.strerror}).", "give a writable path."
+        ) from None
+    if not os.access(path.parent, os.W_OK):
+        raise ConfigError("--output", f"{path.parent} is not writable.", "give a writable path.")
+
+
+def _generate_to_file(engine: Any, requests: Any, path: Path, generate: Any) -> None:
+    """Into FILE.partial, renamed to FILE when every request is answered: an interrupted run
+    never leaves a truncated FILE (nor destroys the one that was there)."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as out:
+        generate(engine, requests, out)
+    os.replace(partial, path)
 
 
 def serve_main(argv: list[str]) -> int:

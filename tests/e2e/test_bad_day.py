@@ -109,7 +109,7 @@ def test_a_plan_larger_than_the_machine_is_refused_before_anything_starts(tmp_pa
     [line] = errors(proc)
     assert line.startswith("error: batch.micro_size, ac, engine.zero_stage, parallel.dp:")
     assert "GiB per rank" in line and "this machine's RAM" in line
-    assert "batch.micro_size=" in line and "ac=full" in line and "engine.zero_stage=3" in line
+    assert "batch.micro_size=" in line and "smallest achievable" in line
     assert not (run_dir / "config.yaml").exists()  # nothing written, nothing started
 
     # A SLURM plan trains elsewhere: with no cluster.mem there is nothing here to compare with;
@@ -117,7 +117,7 @@ def test_a_plan_larger_than_the_machine_is_refused_before_anything_starts(tmp_pa
     slurm = ["plan", *FAST, "cluster=slurm", HUGE]
     run_launch(slurm, tmp_path / "slurm")
     proc = run_launch([*slurm, "cluster.mem=64G"], tmp_path / "slurm_mem", check=False)
-    assert proc.returncode == 2 and "more than cluster.mem=64G per node (64.0 GiB)" in proc.stderr
+    assert proc.returncode == 2 and "more than cluster.mem=64G per node (64.00 GiB)" in proc.stderr
 
 
 # --- item 13: a full disk while writing a checkpoint --------------------------------------------
