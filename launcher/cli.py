@@ -53,7 +53,8 @@ main config keys (override as key=value; groups as group=name):
   eval.every  eval.batches   a token-exact validation loss (val_loss)
   parallel.dp  parallel.nodes
   batch.global_size  batch.micro_size  batch.grad_accum   (any two; the third is derived)
-  ac=none|full|every_n|sqrt|selective   ac.every_n  ac.offload
+  batch.micro_size=auto  train.memory_budget=40GiB   a split chosen to fit (global batch kept)
+  ac=none|full|every_n|sqrt|selective|auto   ac.every_n  ac.offload
   engine=ddp|fsdp|deepspeed  engine.zero_stage  engine.extra
   cluster=local|slurm        cluster.partition cluster.time cluster.wait ...
   train.steps train.seed train.precision=fp32|bf16|fp16 train.resume=auto|never|PATH
@@ -220,9 +221,9 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(summary_main(rest))
     if command in ("generate", "serve"):
-        from launcher.serve import command as serve_command
+        from launcher.serve.command import generate_main, serve_main
 
-        main_of = serve_command.generate_main if command == "generate" else serve_command.serve_main
+        main_of = generate_main if command == "generate" else serve_main
         sys.exit(main_of(rest))
     if command not in COMMANDS:
         print(f"launch: unknown command {command!r}\n", file=sys.stderr)

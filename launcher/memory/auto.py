@@ -16,10 +16,11 @@ from typing import Any
 from launcher.config.ac import AcPolicy
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
-from launcher.memory.budget import Budget, divisors, over_budget, size
+from launcher.memory.budget import Budget, over_budget, size
 from launcher.memory.parts import MemoryPlan, ModelShape
 from launcher.memory.planner import Planner
 from launcher.models.probe import ModelInfo
+from launcher.training.batch import divisors
 
 SAFETY_MARGIN = 0.10
 """Fraction of the budget an automatic choice leaves free (allocator slack, the framework)."""
@@ -61,7 +62,7 @@ def choose(planner: Planner, budget: Budget | None) -> Choice:
     split = cfg.split()
     per_rank = split.global_size // split.dp
     auto_micro, auto_ac = cfg.batch.auto, cfg.ac.policy == AcPolicy.auto
-    micros = divisors(per_rank) if auto_micro else []
+    micros = list(reversed(divisors(per_rank))) if auto_micro else []
     micros = micros or [split.micro_size]
     policies = planner.policies() if auto_ac else [cfg.ac.policy]
     if budget is None:

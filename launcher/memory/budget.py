@@ -11,6 +11,7 @@ from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.memory.parts import FIXES, MemoryPlan
 from launcher.memory.planner import Planner, with_dp, with_engine
+from launcher.training.batch import divisors
 
 
 @dataclass(frozen=True)
@@ -33,14 +34,9 @@ def size(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def divisors(n: int) -> list[int]:
-    """The divisors of n, largest first (in O(sqrt n): a per-rank batch may be huge)."""
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)}, reverse=True)
-
-
 def divisors_below(n: int, below: int) -> list[int]:
-    return [d for d in divisors(n) if d < below]
+    """The divisors of n under `below`, largest first."""
+    return [d for d in reversed(divisors(n)) if d < below]
 
 
 def _engine_variants(planner: Planner) -> list[tuple[str, RootConfig]]:

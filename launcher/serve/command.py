@@ -12,7 +12,7 @@ from typing import Any
 
 from launcher.config.serve import ServeConfig
 from launcher.errors import ConfigError, LauncherError
-from launcher.exit_codes import CONFIG_ERROR
+from launcher.exit_codes import ABORTED, CONFIG_ERROR
 from launcher.logs import get_logger, setup_logging
 from launcher.serve.options import CommandLine, apply_overrides, parse_argv
 
@@ -33,7 +33,7 @@ usage: launch serve RUN_DIR_OR_CHECKPOINT [overrides]
 
 An HTTP server on a run's checkpoint: POST /v1/completions (OpenAI completions shape), GET
 /health. Needs the serve extra: pip install 'launcher[serve]'. SIGTERM or Ctrl-C: finish the
-requests held, then exit 0.
+requests held, then exit 0; a second Ctrl-C stops at once (exit 130).
 
 overrides: serve.host serve.port serve.slots serve.queue serve.max_new_tokens
            serve.max_prompt_tokens serve.temperature serve.top_k serve.top_p serve.seed
@@ -188,6 +188,9 @@ def _serve(run: Any, serve: Any, device: Any, name: str) -> int:
     if worker.error is not None:
         log.error(f"the engine failed: {type(worker.error).__name__}: {worker.error}")
         return 1
+    if server.force_exit:  # a second Ctrl-C: uvicorn dropped the open connections
+        log.warning("stopped at once (a second Ctrl-C): requests still open were not answered.")
+        return ABORTED
     if not server.started:
         log.error(
             f"could not listen on {serve.host}:{serve.port} (in use, or not an address here)."

@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,7 +184,9 @@ def create_app(state: ServeState) -> FastAPI:
                 future.set_result(done)
 
         def finished(done: Request) -> None:
-            loop.call_soon_threadsafe(resolve, done)
+            # After a forced stop the event loop may be closed: nobody waits for the answer.
+            with suppress(RuntimeError):
+                loop.call_soon_threadsafe(resolve, done)
 
         request.on_done = finished
         try:

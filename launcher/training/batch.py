@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from launcher.errors import ConfigError
+
+MAX_GLOBAL_SIZE = 2**40
+"""Larger global batches are refused as typos (and keep divisors() within a million steps)."""
 
 GLOBAL, MICRO, ACCUM, DP = (
     "batch.global_size",
@@ -28,8 +32,10 @@ class BatchSplit:
         return self.micro_size * self.grad_accum
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int) -> list[int]:
+    """The divisors of n, smallest first, in O(sqrt n) (batch.global_size is at most 2**40)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def _show(values: list[int], limit: int = 8) -> str:
@@ -62,13 +68,21 @@ def resolve_batch(
         assert micro_size is not None
         accum = grad_accum or 1
         return BatchSplit(micro_size * accum * dp, micro_size, accum, dp)
+    if global_size > MAX_GLOBAL_SIZE:
+        # A typo, and one whose divisors (the suggestions, batch.micro_size=auto) take long.
+        raise ConfigError(
+            GLOBAL,
+            f"{global_size:,} sequences per step is more than any run holds "
+            f"(at most 2**40 = {MAX_GLOBAL_SIZE:,}).",
+            f"check {GLOBAL} for a typo.",
+        )
 
     if global_size % dp:
         raise ConfigError(
             [GLOBAL, DP],
             f"global_size={global_size} sequences do not split evenly over dp={dp} ranks.",
             f"use {GLOBAL} in {{{_show(_nearby_multiples(global_size, dp))}}} or {DP} in "
-            f"{{{_show(_divisors(global_size))}}}.",
+            f"{{{_show(divisors(global_size))}}}.",
         )
     per_rank = global_size // dp
 
@@ -89,7 +103,7 @@ def resolve_batch(
                 [GLOBAL, MICRO] + ([DP] if dp > 1 else []),
                 f"global_size={global_size} is not a multiple of micro_size={micro_size} x "
                 f"dp={dp}.",
-                f"use {MICRO} in {{{_show(_divisors(per_rank))}}} or {GLOBAL} in "
+                f"use {MICRO} in {{{_show(divisors(per_rank))}}} or {GLOBAL} in "
                 f"{{{_show(_nearby_multiples(global_size, micro_size * dp))}}}.",
             )
         return BatchSplit(global_size, micro_size, per_rank // micro_size, dp)
@@ -99,7 +113,7 @@ def resolve_batch(
         raise ConfigError(
             [GLOBAL, ACCUM] + ([DP] if dp > 1 else []),
             f"global_size={global_size} is not a multiple of grad_accum={accum} x dp={dp}.",
-            f"use {ACCUM} in {{{_show(_divisors(per_rank))}}} or {GLOBAL} in "
+            f"use {ACCUM} in {{{_show(divisors(per_rank))}}} or {GLOBAL} in "
             f"{{{_show(_nearby_multiples(global_size, accum * dp))}}}.",
         )
     return BatchSplit(global_size, per_rank // accum, accum, dp)

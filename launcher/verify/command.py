@@ -22,6 +22,7 @@ from launcher.plan import Plan, build_plan
 from launcher.rundir import STARTED_MARKS
 from launcher.runners import Runner, runner_for
 from launcher.runners.inprocess import InProcessRunner
+from launcher.training.batch import divisors
 from launcher.verify.compare import compare, statistics_gaps
 from launcher.verify.diagnose import diagnose
 from launcher.verify.report import Certificate, write_certificate
@@ -98,7 +99,7 @@ def plan_reference(split_cfg: RootConfig, out_dir: Path) -> tuple[RootConfig, Pl
     global_size = split_cfg.split().global_size
     runner = InProcessRunner()
     runner.worker = WORKER
-    accums = [a for a in range(1, global_size + 1) if global_size % a == 0]
+    accums = divisors(global_size)
     for accum in accums:
         cfg = check_environment(reference_config(split_cfg, accum), runner)
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.training.batch import BatchSplit, resolve_batch
+from launcher.training.batch import MAX_GLOBAL_SIZE, BatchSplit, divisors, resolve_batch
 
 
 @pytest.mark.parametrize(
@@ -70,3 +70,18 @@ def test_nothing_set() -> None:
 
 def test_bad_dp() -> None:
     assert "parallel.dp" in _error((8, None, None), 0).keys
+
+
+def test_divisors_of_a_huge_batch_are_found_quickly_and_completely() -> None:
+    assert divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    assert divisors(97) == [1, 97]
+    big = 2**20 * 3**5 * 5  # a large per-rank batch: a million trial divisions, not 10**9
+    assert divisors(big) == [d for d in range(1, 2**20 + 1) if big % d == 0] + [
+        big // d for d in reversed(range(1, 2**20 + 1)) if big % d == 0 and big // d > 2**20
+    ]
+
+
+def test_a_global_batch_beyond_any_run_is_refused_as_a_typo() -> None:
+    resolve_batch(MAX_GLOBAL_SIZE, None, None, 1)  # the limit itself plans
+    err = _error((999999999999999989, 2, None), 1)
+    assert err.keys == ["batch.global_size"] and "typo" in str(err)
