@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,10 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
+MODEL_AND_OPTIMIZER = "model_optim"
+"""The key of ModelAndOptimizer in the engines' DCP state (engines/base.py)."""
+
+
 class ModelAndOptimizer(Stateful):
     """Model and optimizer state through DCP's state_dict helpers, which understand DDP and FSDP
     wrappers and shard the optimizer state like the parameters."""
@@ -121,3 +126,19 @@ def load(directory: Path, state: dict[str, Any]) -> None:
         dcp.load(state, storage_reader=SafeReader(str(directory)), planner=SafeLoadPlanner())
     finally:
         root.setLevel(level)
+
+
+def read_model_weights(directory: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model weights of a checkpoint that holds a ModelAndOptimizer, read in one process
+    without a process group (DCP reshards any dp into the one full model); `model` gives the names
+    and shapes and is left unchanged."""
+    weights = {name: torch.empty_like(value) for name, value in model.state_dict().items()}
+    with warnings.catch_warnings():  # "no process group: loading in a single process" is the plan
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(
+            {MODEL_AND_OPTIMIZER: {"model": weights}},
+            storage_reader=SafeReader(str(directory)),
+            planner=SafeLoadPlanner(),
+            no_dist=True,
+        )
+    return weights

@@ -1,9 +1,10 @@
 """Engines wrap the model and optimizer behind one small interface (see base.Engine).
 
 This module is the one place that maps `engine=<name>` to its EngineSpec (engines/spec.py): the
-plan, `launch`'s checks and the resume rules ask the spec, never compare names. Each engine's
-runtime module is imported only when a rank builds it, so a DDP run never imports deepspeed.
-Adding an engine: its runtime module and its spec here in engines/, and one line below.
+plan, `launch`'s checks, the resume rules, the memory plan, verify and the checkpoint readers ask
+the spec, never compare names. Each engine's runtime module is imported only when a rank builds
+it, so a DDP run never imports deepspeed. Adding an engine: its spec (<name>_spec.py) and its
+runtime module (<name>.py) here in engines/, and one line below (docs/development.md).
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from launcher.config.engine import EngineName
-from launcher.engines.spec import DDPSpec, DeepSpeedSpec, EngineSpec, FSDPSpec
+from launcher.engines.ddp_spec import DDPSpec
+from launcher.engines.deepspeed_spec import DeepSpeedSpec
+from launcher.engines.fsdp_spec import FSDPSpec
+from launcher.engines.spec import EngineSpec
 
 if TYPE_CHECKING:
     from torch import nn

@@ -60,6 +60,14 @@ class Engine(ABC):
         """optim.grad_clip, with 0 meaning 'measure, do not clip'."""
         return self.cfg.optim.grad_clip or math.inf
 
+    def full_gradient(self, param: nn.Parameter) -> torch.Tensor:
+        """Collective (every rank, the same parameters in the same order): the whole gradient of
+        one of self.module's parameters as this step's backward left it, before the optimizer
+        step; zeros of the parameter's full shape when it got none (launcher/verify/grads.py)."""
+        if param.grad is None:
+            return torch.zeros(tuple(param.shape))
+        return param.grad
+
     # Checkpoints (launcher/checkpoint/checkpointer.py): each engine writes its own format.
 
     @abstractmethod
@@ -87,10 +95,10 @@ class TorchOptimizerEngine(Engine):
     def dcp_state(self) -> dict[str, Any]:
         """The training state as DCP Stateful objects: model and optimizer (through DCP's
         state_dict helpers, which understand DDP and FSDP wrappers), scheduler, loss scaler."""
-        from launcher.checkpoint.dcp import ModelAndOptimizer
+        from launcher.checkpoint.dcp import MODEL_AND_OPTIMIZER, ModelAndOptimizer
 
         return {
-            "model_optim": ModelAndOptimizer(self.model, self.optimizer),
+            MODEL_AND_OPTIMIZER: ModelAndOptimizer(self.model, self.optimizer),
             "scheduler": self.scheduler,
             "scaler": self.scaler,
         }

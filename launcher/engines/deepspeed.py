@@ -129,6 +129,17 @@ class DeepSpeedEngine(Engine):
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
+    def full_gradient(self, param: nn.Parameter) -> torch.Tensor:
+        """ZeRO 1-3 keep gradients in the optimizer's partitions (and ZeRO-3 the parameter
+        itself): DeepSpeed assembles the fp32 gradient; stage 0 in fp32 leaves it in `p.grad`."""
+        from deepspeed.utils import safe_get_full_grad  # imported already: this engine built it
+
+        partitioned = any(hasattr(param, a) for a in ("ds_id", "_hp_mapping", "_hp_grad"))
+        grad = safe_get_full_grad(param) if partitioned else param.grad
+        if grad is None:
+            return torch.zeros(tuple(getattr(param, "ds_shape", param.shape)))
+        return grad
+
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         """Collective: DeepSpeed's own checkpoint (model, ZeRO partitions, scheduler, scaler)."""
         self.ds.save_checkpoint(str(directory), tag=CHECKPOINT_TAG, client_state=client_state)
@@ -144,3 +155,22 @@ class DeepSpeedEngine(Engine):
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
         return dict(client_state or {})
+
+
+def read_weights(directory: Path, zero_stage: int) -> dict[str, torch.Tensor]:
+    """The fp32 model weights of a checkpoint written by save_checkpoint, in one process: ZeRO
+    stages 1-3 merged by DeepSpeed's own zero_to_fp32; stage 0 keeps the whole module in its
+    model-states file. A weight tied to another is saved once."""
+    _import_deepspeed(torch.device("cpu"))
+    if zero_stage == 0:
+        files = sorted((directory / CHECKPOINT_TAG).glob("mp_rank_*_model_states.pt"))
+        if not files:
+            raise FileNotFoundError(f"no model states under {directory / CHECKPOINT_TAG}")
+        # DeepSpeed's own files hold its config objects: the same trust as resuming from them.
+        state = torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+    else:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=CHECKPOINT_TAG)
+    return {name: value.float() for name, value in state.items()}

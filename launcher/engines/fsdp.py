@@ -26,6 +26,7 @@ from launcher.config.train import Precision
 from launcher.distributed import DistContext
 from launcher.engines import precision as precisions
 from launcher.engines.base import TorchOptimizerEngine
+from launcher.engines.fsdp_spec import NEEDS_BLOCKS
 from launcher.models.blocks import require_blocks
 from launcher.training.optim import build_optimizer, build_scheduler
 
@@ -41,7 +42,7 @@ def shard_units(model: nn.Module, blocks_path: str | None = None) -> list[nn.Mod
     """The modules to wrap, innermost first: each repeated block, then the root. The blocks are
     found (launcher/models/blocks.py) or named by model.blocks; a model without them is refused
     rather than sharded as one unit (which would gather every parameter at once)."""
-    found = require_blocks(model, blocks_path, "engine=fsdp (one shard unit per block)")
+    found = require_blocks(model, blocks_path, NEEDS_BLOCKS)
     return [*found.blocks, model]
 
 
@@ -82,6 +83,10 @@ class FSDPEngine(TorchOptimizerEngine):
 
     def autocast(self) -> AbstractContextManager[Any]:
         return nullcontext()  # the mixed-precision policy casts parameters itself
+
+    def full_gradient(self, param: nn.Parameter) -> torch.Tensor:
+        grad = super().full_gradient(param)  # a DTensor shard: gathered from every rank
+        return grad.full_tensor() if isinstance(grad, DTensor) else grad
 
     def global_norm(self, norm: torch.Tensor) -> torch.Tensor:
         return norm.full_tensor() if isinstance(norm, DTensor) else norm  # over all shards

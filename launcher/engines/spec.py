@@ -1,32 +1,39 @@
 """What `launch` knows about each engine before any rank starts: one EngineSpec per engine.
 
-A spec is light (no deepspeed, no FSDP import): the plan, `launch plan` and the resume checks use
-it. `build` imports the engine's runtime module only when a rank builds it. The registry that maps
+A spec is light (no deepspeed, no FSDP import): the plan, `launch plan`, the resume checks, the
+memory plan, verify's report and the checkpoint readers use it. Everything that differs by engine
+is a method here, written once per engine in its own spec file (ddp_spec.py, fsdp_spec.py,
+deepspeed_spec.py); the rank-side differences are methods of engines/base.py's Engine. `build`
+and `read_weights` import the engine's runtime module only when they run. The registry that maps
 `engine=<name>` to its spec is launcher/engines/__init__.py.
-
-Each engine's per-rank memory (what it shards over dp, its buckets and copies) is planned in
-launcher/memory/parts.py, next to the other parts of the memory plan.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from launcher.config.engine import EngineName
 from launcher.config.root import RootConfig
-from launcher.engines.precision import needs_loss_scaling
-from launcher.errors import ConfigError
-from launcher.rundir import DS_CONFIG_FILE
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from launcher.distributed import DistContext
     from launcher.engines.base import Engine
+    from launcher.memory.shape import ModelShape
 
 DCP_FORMAT = "dcp"
 """torch.distributed.checkpoint: reshards on load (launcher/checkpoint/dcp.py)."""
+
+
+def with_engine(cfg: RootConfig, name: EngineName, stage: int = 0) -> RootConfig:
+    """`cfg` under another engine (or ZeRO stage): a variant the memory plan compares."""
+    engine = dataclasses.replace(cfg.engine, name=name, zero_stage=stage)
+    return dataclasses.replace(cfg, engine=engine)
 
 
 class EngineSpec(ABC):
@@ -47,6 +54,12 @@ class EngineSpec(ABC):
         del cfg
         return None
 
+    def short_name(self, cfg: RootConfig) -> str:
+        """The engine with its options in a table cell (verify's certificate, sweeps): "ddp",
+        "zero3"."""
+        del cfg
+        return self.name.value
+
     def extra_files(self, cfg: RootConfig) -> dict[str, str]:
         """Run-directory files the engine reads (name -> text), generated before anything starts;
         a bad value raises ConfigError here, before anything is written."""
@@ -57,63 +70,61 @@ class EngineSpec(ABC):
         """Refuse what the engine cannot do on the ranks' device type ("cpu" or "cuda")."""
         del cfg, device_type
 
+    def needs_blocks(self, cfg: RootConfig) -> str | None:
+        """Why the engine needs the model's repeated blocks (said in the error for a model without
+        them, launcher/models/blocks.py), or None when it does not."""
+        del cfg
+        return None
+
     @abstractmethod
     def build(self, cfg: RootConfig, model: nn.Module, ctx: DistContext) -> Engine:
         """Wrap the model on this rank (imports the engine's runtime module)."""
 
+    # The memory plan (launcher/memory/): the engine's share of a rank's peak.
 
-class DDPSpec(EngineSpec):
-    """Everything replicated; autocast keeps fp32 parameters and gradients."""
+    @abstractmethod
+    def memory_parts(self, cfg: RootConfig, shape: ModelShape) -> dict[str, int]:
+        """Bytes per rank of each of memory.shape.STATE_PARTS (everything but the activations)
+        held at the step's peak: what the engine shards over parallel.dp, the copies it keeps,
+        its communication buffers."""
 
-    name = EngineName.ddp
-    label = "DDP"
+    def casts_model(self, cfg: RootConfig) -> bool:
+        """Whether the engine holds the model itself in the run's 16-bit dtype (no autocast): the
+        activation probe runs the model so."""
+        del cfg
+        return False
 
-    def build(self, cfg: RootConfig, model: nn.Module, ctx: DistContext) -> Engine:
-        from launcher.engines.ddp import DDPEngine
+    def shards_state(self, cfg: RootConfig) -> bool:
+        """Whether a larger parallel.dp shrinks a rank's model state (the budget error offers
+        it)."""
+        del cfg
+        return False
 
-        return DDPEngine(cfg, model, ctx)
+    def leaner_variants(self, cfg: RootConfig) -> list[tuple[str, RootConfig]]:
+        """Configurations at the same dp that shard more of the model state, least change first,
+        each with the overrides that give it: the budget error's fixes and its smallest plan."""
+        del cfg
+        return []
+
+    # The weights of a checkpoint, for the readers (launcher/checkpoint/weights.py).
+
+    @abstractmethod
+    def read_weights(
+        self, directory: Path, model: nn.Module, cfg: RootConfig
+    ) -> dict[str, torch.Tensor]:
+        """The model weights in a checkpoint's engine directory, whatever dp wrote them, read in
+        this one process without a process group. `model` is the plain model the run's config
+        builds (shapes and names to read into; left unchanged). Keys are its parameter and buffer
+        names; a weight tied to another may be given once."""
 
 
-class FSDPSpec(EngineSpec):
-    """fp32 parameters, gradients and moments all sharded over dp (the mixed-precision policy
-    makes bf16/fp16 copies of one unit at a time, transient)."""
+class DCPSpec(EngineSpec):
+    """An engine whose checkpoint is TorchOptimizerEngine's DCP (engines/base.py)."""
 
-    name = EngineName.fsdp
-    label = "FSDP"
+    def read_weights(
+        self, directory: Path, model: nn.Module, cfg: RootConfig
+    ) -> dict[str, torch.Tensor]:
+        from launcher.checkpoint.dcp import read_model_weights
 
-    def build(self, cfg: RootConfig, model: nn.Module, ctx: DistContext) -> Engine:
-        from launcher.engines.fsdp import FSDPEngine
-
-        return FSDPEngine(cfg, model, ctx)
-
-
-class DeepSpeedSpec(EngineSpec):
-    """A 16-bit model under bf16/fp16, plus an fp32 master copy held by the optimizer; stage 1
-    shards the optimizer state, stage 2 also the gradients, stage 3 also the parameters."""
-
-    name = EngineName.deepspeed
-    label = "DeepSpeed"
-    checkpoint_format = "deepspeed"
-    reshardable = False
-    reshard_note = "that needs its universal-checkpoint conversion"
-
-    def zero_stage(self, cfg: RootConfig) -> int | None:
-        return cfg.engine.zero_stage
-
-    def extra_files(self, cfg: RootConfig) -> dict[str, str]:
-        from launcher.engines.ds_config import ds_config_json  # pure logic, no deepspeed
-
-        return {DS_CONFIG_FILE: ds_config_json(cfg)}
-
-    def check_environment(self, cfg: RootConfig, device_type: str) -> None:
-        if needs_loss_scaling(cfg.train.precision) and device_type != "cuda":
-            raise ConfigError(
-                ["train.precision", "engine"],
-                "DeepSpeed has no fp16 on CPU (its CPU accelerator supports fp32 and bf16).",
-                "use train.precision=bf16 or fp32 here, or run on GPUs.",
-            )
-
-    def build(self, cfg: RootConfig, model: nn.Module, ctx: DistContext) -> Engine:
-        from launcher.engines.deepspeed import DeepSpeedEngine  # imports deepspeed itself
-
-        return DeepSpeedEngine(cfg, model, ctx)
+        del cfg
+        return read_model_weights(directory, model)

@@ -17,8 +17,9 @@ from launcher.config.ac import AcPolicy
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.memory.budget import Budget, over_budget, size
-from launcher.memory.parts import MemoryPlan, ModelShape
+from launcher.memory.parts import MemoryPlan
 from launcher.memory.planner import Planner
+from launcher.memory.shape import ModelShape
 from launcher.models.probe import ModelInfo
 from launcher.training.batch import divisors
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.config.ac import AcPolicy
-from launcher.config.engine import EngineName
 from launcher.config.root import RootConfig
+from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.memory.parts import FIXES, MemoryPlan
-from launcher.memory.planner import Planner, with_dp, with_engine
+from launcher.memory.planner import Planner, with_dp
 from launcher.training.batch import divisors
 
 
@@ -40,23 +40,7 @@ def divisors_below(n: int, below: int) -> list[int]:
 
 
 def _engine_variants(planner: Planner) -> list[tuple[str, RootConfig]]:
-    cfg = planner.cfg
-    variants: list[tuple[str, RootConfig]] = []
-    if cfg.engine.name == EngineName.deepspeed:
-        for stage in range(cfg.engine.zero_stage + 1, 4):
-            variants.append(
-                (f"engine.zero_stage={stage}", with_engine(cfg, EngineName.deepspeed, stage))
-            )
-    else:
-        if cfg.engine.name != EngineName.fsdp:
-            variants.append(("engine=fsdp", with_engine(cfg, EngineName.fsdp)))
-        variants.append(
-            (
-                "engine=deepspeed engine.zero_stage=3",
-                with_engine(cfg, EngineName.deepspeed, 3),
-            )
-        )
-    return variants
+    return engine_spec(planner.cfg.engine.name).leaner_variants(planner.cfg)
 
 
 def fixes(planner: Planner, plan: MemoryPlan, budget: int) -> list[str]:
@@ -88,7 +72,8 @@ def fixes(planner: Planner, plan: MemoryPlan, budget: int) -> list[str]:
                 break
     dp = cfg.parallel.dp * 2
     global_size = cfg.split().global_size
-    if global_size % (dp * micro) == 0 and cfg.engine.name != EngineName.ddp:
+    shards = engine_spec(cfg.engine.name).shards_state(cfg)
+    if global_size % (dp * micro) == 0 and shards:
         peak = planner.plan(micro, policy, with_dp(cfg, dp)).peak
         if peak < plan.peak:
             found.append(f"parallel.dp={dp} (peak {size(peak)}; batch.grad_accum follows)")

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
 from launcher.config.ac import AcPolicy
-from launcher.config.engine import EngineName
 from launcher.config.model import ModelConfig
 from launcher.config.root import RootConfig
-from launcher.memory.parts import MemoryPlan, ModelShape, plan_memory
+from launcher.memory.parts import MemoryPlan, plan_memory
 from launcher.memory.probe import ActivationLine, probe_activations
+from launcher.memory.shape import ModelShape
 
 GENERIC_FLOPS = {
     AcPolicy.none: 1.0,
@@ -28,11 +27,6 @@ recompute reruns the forward (a third of the step); every_n half of it; selectiv
 COST_ORDER = [AcPolicy.none, AcPolicy.selective, AcPolicy.every_n, AcPolicy.sqrt, AcPolicy.full]
 """Granularities from the least recompute to the most (sqrt and full rerun every block; full
 keeps less at its peak, so it comes last as the smallest)."""
-
-
-def with_engine(cfg: RootConfig, name: EngineName, stage: int = 0) -> RootConfig:
-    engine = dataclasses.replace(cfg.engine, name=name, zero_stage=stage)
-    return dataclasses.replace(cfg, engine=engine)
 
 
 def with_dp(cfg: RootConfig, dp: int) -> RootConfig:
@@ -62,7 +56,7 @@ class Planner:
         cfg = cfg or self.cfg
         ac = dataclasses.replace(cfg.ac, policy=policy)
         cfg = dataclasses.replace(cfg, ac=ac)
-        return plan_memory(cfg, self.shape, _ds_config(cfg), self.line(policy), micro_size)
+        return plan_memory(cfg, self.shape, self.line(policy), micro_size)
 
     def flops_ratio(self, policy: AcPolicy) -> float:
         if isinstance(self.cfg.model, ModelConfig):
@@ -78,11 +72,3 @@ class Planner:
         if self.shape.n_blocks == 0:
             return [AcPolicy.none]
         return list(COST_ORDER)
-
-
-def _ds_config(cfg: RootConfig) -> dict[str, Any]:
-    if cfg.engine.name != EngineName.deepspeed:
-        return {}
-    from launcher.engines.ds_config import build_ds_config
-
-    return build_ds_config(cfg)

@@ -29,7 +29,8 @@ from torch import nn
 from launcher.config.ac import AcConfig, AcPolicy
 from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
-from launcher.engines.precision import autocast, dtype, is_reduced
+from launcher.engines import engine_spec
+from launcher.engines.precision import autocast, dtype
 from launcher.logs import get_logger
 from launcher.memory import probe_cache
 from launcher.models.build import build_model
@@ -67,8 +68,8 @@ class ActivationLine:
 
 
 def _model_dtype_cast(cfg: RootConfig) -> bool:
-    """DeepSpeed under bf16/fp16 holds the model itself in 16 bits (no autocast)."""
-    return cfg.engine.name.value == "deepspeed" and is_reduced(cfg.train.precision)
+    """Whether the engine holds the model itself in 16 bits (no autocast)."""
+    return engine_spec(cfg.engine.name).casts_model(cfg)
 
 
 def _one_probe(cfg: RootConfig, model: nn.Module, micro_size: int) -> tuple[int, int]:

@@ -18,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 from launcher.config.ac import AcPolicy
 from launcher.config.model import UserModelConfig, blocks_path
 from launcher.config.root import RootConfig
+from launcher.engines import engine_spec
 from launcher.errors import ConfigError, LauncherError
 from launcher.models.blocks import BlockList, find_blocks, require_blocks
 from launcher.models.build import build_model
@@ -74,8 +75,9 @@ def _needs_blocks(cfg: RootConfig) -> str | None:
     needs = []
     if cfg.ac.policy not in (AcPolicy.none, AcPolicy.auto):  # auto picks none without blocks
         needs.append(f"ac={cfg.ac.policy.value}")
-    if cfg.engine.name.value == "fsdp":
-        needs.append("engine=fsdp (one shard unit per block)")
+    engine = engine_spec(cfg.engine.name).needs_blocks(cfg)
+    if engine:
+        needs.append(engine)
     return " and ".join(needs) or None
 
 

@@ -68,7 +68,7 @@ class GradientCapture:
 
     def _capture_then_step(self) -> torch.Tensor:
         if self.grads is None:
-            self.grads = full_gradients(self.engine.module)
+            self.grads = full_gradients(self.engine)
         return self._step()
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config.root import RootConfig
+from launcher.engines import engine_spec
 from launcher.verify.compare import Comparison
 from launcher.verify.diagnose import Finding
 from launcher.verify.results import CERTIFICATE_FILE, RunResult
@@ -19,9 +20,7 @@ def split_name(split: dict[str, int]) -> str:
 
 
 def engine_name(cfg: RootConfig) -> str:
-    if cfg.engine.name.value == "deepspeed":
-        return f"zero{cfg.engine.zero_stage}"
-    return cfg.engine.name.value
+    return engine_spec(cfg.engine.name).short_name(cfg)
 
 
 def _gap(value: float) -> str:
@@ -82,9 +81,7 @@ class Certificate:
             "certified": self.certified,
             "split": {**self.split.split, "engine": engine_name(self.split_cfg)},
             "engine": self.split_cfg.engine.name.value,
-            "zero_stage": self.split_cfg.engine.zero_stage
-            if self.split_cfg.engine.name.value == "deepspeed"
-            else None,
+            "zero_stage": engine_spec(self.split_cfg.engine.name).zero_stage(self.split_cfg),
             "policy": self.split_cfg.ac.policy.value,
             "precision": cmp.tolerance.precision,
             "tolerance": {"loss": cmp.tolerance.loss, "grad": cmp.tolerance.grad},

@@ -18,10 +18,11 @@ from launcher.config.train import parse_size
 from launcher.errors import ConfigError
 from launcher.memory.auto import choose, resolved
 from launcher.memory.budget import Budget
-from launcher.memory.parts import ModelShape, state_parts
+from launcher.memory.parts import state_parts
 from launcher.memory.peak import PeakMeter
 from launcher.memory.planner import Planner
 from launcher.memory.probe import probe_activations
+from launcher.memory.shape import ModelShape
 from launcher.models import build_model
 from launcher.models.probe import inspect_model
 from launcher.plan import plan_split
@@ -119,6 +120,9 @@ def test_a_1b_config_plans_on_fake_tensors_without_real_memory() -> None:
     assert grown < 512 * MIB  # the weights alone would be 5 GiB
 
 
+SMALL = {"zero_optimization": {"reduce_bucket_size": 10}}
+
+
 def shape(params: int = 1000, block: int = 100, blocks: int = 8) -> ModelShape:
     return ModelShape(params, block, blocks, 400)
 
@@ -127,9 +131,9 @@ def shape(params: int = 1000, block: int = 100, blocks: int = 8) -> ModelShape:
     ("engine", "expected"),
     [
         ({"name": "ddp"}, (4000, 4000, 8000, 0)),
-        ({"name": "deepspeed", "zero_stage": 1}, (4000, 1000, 2000, 1000)),
-        ({"name": "deepspeed", "zero_stage": 2}, (4000, 1000, 2000, 1000)),
-        ({"name": "deepspeed", "zero_stage": 3}, (1000, 1000, 2000, 1000)),
+        ({"name": "deepspeed", "zero_stage": 1, "extra": SMALL}, (4000, 1000, 2000, 1000)),
+        ({"name": "deepspeed", "zero_stage": 2, "extra": SMALL}, (4000, 1000, 2000, 1000)),
+        ({"name": "deepspeed", "zero_stage": 3, "extra": SMALL}, (1000, 1000, 2000, 1000)),
         ({"name": "fsdp"}, (1000, 1000, 2000, 0)),
     ],
 )
@@ -137,7 +141,7 @@ def test_model_state_is_sharded_by_engine_and_stage(
     engine: dict[str, Any], expected: tuple[int, ...]
 ) -> None:
     cfg = config(engine=engine, parallel={"dp": 4})
-    parts = state_parts(cfg, shape(), {"zero_optimization": {"reduce_bucket_size": 10}})
+    parts = state_parts(cfg, shape())
     got = tuple(
         parts[k] for k in ("parameters", "gradients", "optimizer_state", "precision_copies")
     )
@@ -146,9 +150,12 @@ def test_model_state_is_sharded_by_engine_and_stage(
 
 def test_deepspeed_buckets_come_from_its_config() -> None:
     cfg = config(engine={"name": "deepspeed", "zero_stage": 2}, parallel={"dp": 2})
-    default = state_parts(cfg, shape(), {})["comm_buffers"]
-    small = state_parts(cfg, shape(), {"zero_optimization": {"reduce_bucket_size": 1000}})
-    assert default == 5 * 10**8 * 4 and small["comm_buffers"] == 4000
+    default = state_parts(cfg, shape())["comm_buffers"]
+    extra = {"zero_optimization": {"reduce_bucket_size": 1000}}
+    small = config(
+        engine={"name": "deepspeed", "zero_stage": 2, "extra": extra}, parallel={"dp": 2}
+    )
+    assert default == 5 * 10**8 * 4 and state_parts(small, shape())["comm_buffers"] == 4000
 
 
 def planner(**sections: dict[str, Any]) -> Planner:
@@ -226,10 +233,11 @@ def test_a_transformers_model_is_probed_on_fake_tensors_too() -> None:
 
 
 def test_zero3_keeps_small_parameters_whole_and_the_gathered_ones_live() -> None:
-    cfg = config(engine={"name": "deepspeed", "zero_stage": 3}, parallel={"dp": 4})
-    sizes = ModelShape(1000, 100, 8, 400, (400, 400, 100, 100))
     zero = {"reduce_bucket_size": 10, "stage3_param_persistence_threshold": 150}
-    parts = state_parts(cfg, sizes, {"zero_optimization": zero})
+    engine = {"name": "deepspeed", "zero_stage": 3, "extra": {"zero_optimization": zero}}
+    cfg = config(engine=engine, parallel={"dp": 4})
+    sizes = ModelShape(1000, 100, 8, 400, (400, 400, 100, 100))
+    parts = state_parts(cfg, sizes)
     assert parts["parameters"] == 200 * 4 + 800 * 4 // 4
     assert parts["comm_buffers"] == 10 * 4 + 800 * 4 + 2 * 100 * 4
 
