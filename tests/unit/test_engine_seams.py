@@ -73,9 +73,9 @@ def test_weights_load_strictly_under_the_users_names() -> None:
     load_strict(model, wrapped)
     assert torch.equal(model.head.weight, weights["emb.weight"])
     assert torch.equal(model.norm.bias, weights["norm.bias"])
-    with pytest.raises(KeyError, match="missing .'norm.weight'"):
+    with pytest.raises(KeyError, match=r"missing \['norm\.weight'"):
         load_strict(model, {k: v for k, v in weights.items() if k != "norm.weight"})
-    with pytest.raises(KeyError, match="unexpected .'extra'"):
+    with pytest.raises(KeyError, match=r"unexpected \['extra'"):
         load_strict(model, {**weights, "extra": torch.zeros(1)})
 
 
