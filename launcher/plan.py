@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from launcher.config.load import to_plain
 from launcher.config.root import RootConfig
@@ -20,6 +20,7 @@ from launcher.memory.machine import machine_budget
 from launcher.memory.table import memory_table
 from launcher.models.probe import ModelInfo, inspect_model
 from launcher.recompute.estimate import estimate_all
+from launcher.runners.base import Runner
 from launcher.secrets import redactor_for
 
 
@@ -115,41 +116,28 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-class RunnerPart(Protocol):
-    """What the runner (launcher/runners/, chosen by `runner_for`) adds to the plan."""
-
-    @property
-    def name(self) -> str: ...
-
-    def command(self, cfg: RootConfig, run_dir: Path) -> list[str]: ...
-
-    def environment(self, cfg: RootConfig) -> dict[str, str]: ...
-
-    def files(self, cfg: RootConfig, run_dir: Path) -> dict[str, str]: ...
-
-
-def memory_budget(cfg: RootConfig, runner: str) -> Budget | None:
-    """train.memory_budget; else the ranks' share of the memory they train in (a GPU's; on CPU
-    this machine's RAM or a SLURM node's cluster.mem); else none."""
+def memory_budget(cfg: RootConfig, runner: Runner) -> Budget | None:
+    """train.memory_budget; else the ranks' share of the memory they train in, as the runner
+    knows it (a GPU's; on CPU this machine's RAM or a SLURM node's cluster.mem); else none."""
     return budget_for(
         cfg.train.memory_budget_bytes, cfg.train.memory_budget, machine_budget(cfg, runner)
     )
 
 
 def plan_split(
-    cfg: RootConfig, info: ModelInfo, runner: str, budget: Budget | None = None
+    cfg: RootConfig, info: ModelInfo, runner: Runner, budget: Budget | None = None
 ) -> tuple[RootConfig, Choice]:
     """The memory plan of the run, the auto choices made: (the config the ranks run, the
     choice); over the budget, a ConfigError naming the largest part and the fixes."""
     return plan_and_choose(cfg, info, budget or memory_budget(cfg, runner))
 
 
-def build_plan(cfg: RootConfig, run_dir: Path, runner: RunnerPart) -> Plan:
+def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
     """The complete plan for a run in `run_dir`; a bad value raises before anything is written.
     batch.micro_size=auto and ac=auto are chosen here: plan.config is the config to run."""
     info = inspect_model(cfg)
-    budget = memory_budget(cfg, runner.name)
-    cfg, choice = plan_split(cfg, info, runner.name, budget)
+    budget = memory_budget(cfg, runner)
+    cfg, choice = plan_split(cfg, info, runner, budget)
     auto = choice.request != {"batch.micro_size": cfg.batch.micro_size, "ac": cfg.ac.policy.value}
     command = runner.command(cfg, run_dir)
     runner_files = runner.files(cfg, run_dir)

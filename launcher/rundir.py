@@ -5,6 +5,8 @@
     plan.json            the plan `launch plan` printed
     ds_config.json       engine=deepspeed: the generated DeepSpeed config
     train.sbatch         cluster=slurm: the rendered batch script
+    verify.sbatch        `launch verify cluster=slurm`: the script that certifies the split
+    verify.json          `launch verify`, verify.first: the certificate (launcher/verify/)
     slurm-<job>.out/.err cluster=slurm: the job's output
     metrics.jsonl        one line per optimizer step (appended across resumes)
     summary.json         the run's end
@@ -32,6 +34,8 @@ CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
 DS_CONFIG_FILE = "ds_config.json"
 SBATCH_FILE = "train.sbatch"
+VERIFY_SBATCH_FILE = "verify.sbatch"
+CERTIFICATE_FILE = "verify.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 STOPPED_FILE = "stopped.json"

@@ -27,7 +27,14 @@ from launcher.config.model import UserModelConfig
 from launcher.config.root import RootConfig
 
 CACHE_ENV = "LAUNCHER_CACHE_DIR"
-_OWN_CODE = ("memory/probe.py", "recompute/policies.py", "recompute/selective.py", "models/gpt.py")
+_OWN_CODE = (
+    "memory/probe.py",
+    "recompute/policies.py",
+    "recompute/segments.py",
+    "recompute/selective.py",
+    "recompute/wrap.py",
+    "models/gpt.py",
+)
 
 
 def cache_dir() -> Path:

@@ -27,7 +27,7 @@ from launcher.config.ac import AcPolicy
 from launcher.config.model import ModelConfig
 from launcher.config.root import RootConfig
 from launcher.engines.precision import bytes_per_element
-from launcher.recompute.policies import Segment, SegmentMode, plan_segments
+from launcher.recompute.segments import Segment, SegmentMode, plan_segments
 
 FP32 = 4
 

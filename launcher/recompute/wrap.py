@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
 from launcher.config.ac import AcConfig
-from launcher.recompute.policies import SegmentMode, plan_segments, uses_dropout
+from launcher.recompute.segments import SegmentMode, plan_segments, uses_dropout
 from launcher.recompute.selective import selective_contexts
 
 

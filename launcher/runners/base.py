@@ -17,12 +17,18 @@ from launcher.config.root import RootConfig
 if TYPE_CHECKING:
     from launcher.plan import Plan
 
+MachineMemory = tuple[int, int, str]
+"""The memory the ranks train in: (bytes, ranks sharing them, what they are, in words)."""
+
 
 class Runner(ABC):
     name: ClassVar[str]
     """plan.json's "runner": in-process | torchrun | slurm."""
     holds_run_lock: ClassVar[bool] = True
     """`launch` holds the run directory's lock while `run` runs (False: the job takes it)."""
+    verifies_in_job: ClassVar[bool] = False
+    """`launch train verify.first=true`: the job this runner submits certifies the split itself
+    (True), or `launch` does before starting it (False)."""
     worker: str = "launcher.worker"
     """The module each rank runs (`python -m <worker> <run dir>/config.yaml`); `launch verify`
     sets launcher.verify.worker, which must also have `run_in_process(cfg, run_dir) -> int`."""
@@ -47,6 +53,19 @@ class Runner(ABC):
         """Run-directory files the job needs (name -> text); a bad value raises ConfigError here."""
         del cfg, run_dir
         return {}
+
+    def machine_memory(self, cfg: RootConfig) -> MachineMemory | None:
+        """The memory the ranks train in (the memory plan's default budget); None when it is not
+        known here."""
+        del cfg
+        return None
+
+    def submit_verify(self, cfg: RootConfig, run_dir: Path) -> int | None:
+        """`launch verify` where the ranks run elsewhere: submit the split's verification as a job
+        of its own, wait for its certificate, return its exit status. None: the split runs from
+        this machine (launcher/verify/command.py runs it)."""
+        del cfg, run_dir
+        return None
 
     @abstractmethod
     def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:

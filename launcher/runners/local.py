@@ -9,7 +9,7 @@ import torch
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.logs import get_logger
-from launcher.runners.base import Runner
+from launcher.runners.base import MachineMemory, Runner
 
 log = get_logger("launch")
 
@@ -51,3 +51,9 @@ class LocalRunner(Runner):
                 "cores and run slower (fine for testing)."
             )
         return "cuda" if wants_gpu else "cpu"
+
+    def machine_memory(self, cfg: RootConfig) -> MachineMemory | None:
+        # The memory plan's module (and its fake-tensor probe): imported when a plan asks.
+        from launcher.memory.machine import local_memory
+
+        return local_memory(cfg)

@@ -8,6 +8,8 @@ reach the job without being written to disk.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import shlex
 import shutil
@@ -21,8 +23,15 @@ from launcher.errors import ConfigError, EnvironmentProblem
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.resources import sbatch_template
-from launcher.rundir import SBATCH_FILE, STOPPED_FILE, slurm_logs
-from launcher.runners.base import Runner
+from launcher.rundir import (
+    CERTIFICATE_FILE,
+    SBATCH_FILE,
+    STOPPED_FILE,
+    VERIFY_SBATCH_FILE,
+    slurm_logs,
+)
+from launcher.runners.base import MachineMemory, Runner
+from launcher.runners.slurm_verify import verify_step
 from launcher.secrets import redactor_for
 
 if TYPE_CHECKING:
@@ -35,6 +44,8 @@ DEFAULT_PORT = "$(( 29500 + SLURM_JOB_ID % 1000 ))"
 """cluster.port=null: a port per job, so that two jobs sharing a first node do not collide."""
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+_MEM = re.compile(r"^(\d+)([KMGT]?)$")
+_MEM_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "": 2**20}  # --mem: MiB by default
 # sbatch reads #SBATCH values itself: no blanks, quotes, '#', '\\', or '%' (its filename patterns).
 _UNSAFE_PATH = re.compile(r"[\s'\"\\#%\x00-\x1f\x7f]")
 
@@ -118,8 +129,6 @@ def _verify_step(cfg: RootConfig, verify_only: bool) -> str:
     training step; nothing (the default script unchanged) otherwise."""
     if not (verify_only or cfg.verify.first):
         return ""
-    from launcher.verify.slurm import verify_step
-
     return verify_step(verify_only)
 
 
@@ -129,9 +138,7 @@ def render_sbatch(cfg: RootConfig, run_dir: Path, verify_only: bool = False) -> 
     run_dir = run_dir.resolve()
     check_slurm(cfg, run_dir)
     cluster = cfg.cluster
-    from launcher.verify.slurm import VERIFY_SBATCH
-
-    script_name = VERIFY_SBATCH if verify_only else SBATCH_FILE
+    script_name = VERIFY_SBATCH_FILE if verify_only else SBATCH_FILE
     values = {
         "banner": (
             "Rendered by `launch` from slurm/train.sbatch; change the config, not this file. "
@@ -167,6 +174,16 @@ class SlurmRunner(Runner):
 
     name = "slurm"
     holds_run_lock = False  # the job's first node takes it (launcher/runners/slurm_node.py)
+    verifies_in_job = True  # verify.first: train.sbatch certifies the split in the allocation
+
+    def machine_memory(self, cfg: RootConfig) -> MachineMemory | None:
+        """A node's cluster.mem shared by its ranks, on CPU; None on GPUs (unseen from here),
+        without cluster.mem, or with cluster.mem=0 (all of a node's, unknown here)."""
+        match = _MEM.match(cfg.cluster.mem or "")
+        if cfg.cluster.gpus_per_node or match is None or int(match.group(1)) == 0:
+            return None
+        mem = int(match.group(1)) * _MEM_UNITS[match.group(2)]
+        return mem, cfg.parallel.ranks_per_node, f"cluster.mem={cfg.cluster.mem} per node"
 
     def command(self, cfg: RootConfig, run_dir: Path) -> list[str]:
         return sbatch_argv(cfg, run_dir)
@@ -176,6 +193,21 @@ class SlurmRunner(Runner):
 
     def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
         return submit(cfg, run_dir, plan.command)
+
+    def submit_verify(self, cfg: RootConfig, run_dir: Path) -> int:
+        """Write verify.sbatch, submit it and wait for the job: the split runs in the allocation,
+        the certificate is written on its batch host."""
+        path = run_dir.resolve() / VERIFY_SBATCH_FILE
+        path.write_text(render_sbatch(cfg, run_dir, verify_only=True), encoding="utf-8")
+        path.chmod(0o755)
+        waiting = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, wait=True))
+        code = submit(waiting, run_dir, ["sbatch", "--parsable", "--wait", str(path)])
+        certificate = run_dir / CERTIFICATE_FILE
+        if certificate.is_file():
+            data = json.loads(certificate.read_text(encoding="utf-8"))
+            verdict = "certified" if data["certified"] else "NOT certified"
+            get_logger("verify").info(f"{verdict}; the certificate: {certificate}")
+        return code
 
 
 def submit(cfg: RootConfig, run_dir: Path, argv: list[str]) -> int:

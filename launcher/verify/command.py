@@ -13,12 +13,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from launcher.commands import check_environment, prepare_run, write_run_files
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.lifetime import RunLock
 from launcher.logs import get_logger
 from launcher.plan import Plan, build_plan
+from launcher.prepare import check_environment, prepare_run, write_run_files
 from launcher.rundir import STARTED_MARKS
 from launcher.runners import Runner, runner_for
 from launcher.runners.inprocess import InProcessRunner
@@ -60,11 +60,8 @@ def verify_command(cfg: RootConfig, run_dir: Path) -> int:
     try:
         cfg, runner, plan = prepare_run(cfg, run_dir, lock, dry_run=True)
         log.info(f"verify: the run to certify\n{plan.describe()}")
-        if runner.name == "slurm":
-            from launcher.verify.slurm import submit_verify
-
-            return submit_verify(cfg, run_dir)
-        return verify_split(cfg, run_dir)
+        submitted = runner.submit_verify(cfg, run_dir)  # SLURM: verify.sbatch, in the allocation
+        return verify_split(cfg, run_dir) if submitted is None else submitted
     finally:
         lock.release()
 

@@ -1,4 +1,4 @@
-"""The verify steps a SLURM job runs on its batch host (launcher/verify/slurm.py):
+"""The verify steps a SLURM job runs on its batch host (launcher/runners/slurm_verify.py):
 
     python -m launcher.verify.job prepare RUN_DIR   the split's directory and config.yaml
     python -m launcher.verify.job certify RUN_DIR   the reference, the comparison, verify.json
@@ -23,8 +23,8 @@ USAGE = "usage: python -m launcher.verify.job prepare|certify RUN_DIR"
 
 def prepare(run_dir: Path) -> int:
     """Write the split's config.yaml and plan.json (as `launch verify` does on one machine)."""
-    from launcher.commands import write_run_files
     from launcher.plan import build_plan
+    from launcher.prepare import write_run_files
     from launcher.runners.slurm import SlurmRunner
 
     split_cfg = split_config(load_config_file(run_dir / CONFIG_FILE))

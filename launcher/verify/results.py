@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
+from launcher.rundir import CERTIFICATE_FILE as CERTIFICATE_FILE  # verify.json, named there
 from launcher.tracking.metrics import StepMetrics
 from launcher.training.batch import BatchSplit
 
 VERIFY_DIR = "verify"
 SPLIT_DIR, REFERENCE_DIR, REPEAT_DIR = "split", "reference", "reference2"
 STEPS_FILE, GRADS_FILE, STATS_FILE = "steps.json", "grads.pt", "stats.pt"
-CERTIFICATE_FILE = "verify.json"
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from launcher.commands import check_environment
 from launcher.config import to_root_config
 from launcher.config.root import RootConfig
 from launcher.config.store import register_configs
 from launcher.engines.ds_config import build_ds_config, ds_config_json
 from launcher.errors import ConfigError
+from launcher.prepare import check_environment
 
 TESTS = Path(__file__).resolve().parents[1]
 CONF = TESTS.parent / "conf"
@@ -152,10 +152,10 @@ def test_planning_does_not_import_deepspeed() -> None:
     """`launch plan engine=deepspeed` stays fast: generating the config needs no deepspeed."""
     code = (
         "import sys, pathlib; from launcher.config import to_root_config; "
-        "from launcher import commands; "
+        "import launcher.commands; from launcher import prepare; "
         "cfg = to_root_config({'engine': {'name': 'deepspeed', 'zero_stage': 3}}); "
-        "runner = commands.runner_for(cfg); "
-        "assert 'ds_config.json' in commands.build_plan(cfg, pathlib.Path('.'), runner).files; "
+        "runner = prepare.runner_for(cfg); "
+        "assert 'ds_config.json' in prepare.build_plan(cfg, pathlib.Path('.'), runner).files; "
         "sys.exit('deepspeed' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=TESTS.parent).returncode == 0

@@ -28,6 +28,7 @@ from launcher.models.probe import inspect_model
 from launcher.plan import plan_split
 from launcher.recompute.measure import measure_activations
 from launcher.recompute.policies import apply_recompute
+from launcher.runners.inprocess import InProcessRunner
 
 MIB = 2**20
 FIX = "tests.fixtures.models"
@@ -112,7 +113,7 @@ def test_a_1b_config_plans_on_fake_tensors_without_real_memory() -> None:
     )
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     info = inspect_model(cfg)
-    _, choice = plan_split(cfg, info, "local")
+    _, choice = plan_split(cfg, info, InProcessRunner())
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
     assert info.parameters > 1_000_000_000
     assert choice.plan.parts["parameters"] == info.parameters * 4
@@ -244,10 +245,11 @@ def test_zero3_keeps_small_parameters_whole_and_the_gathered_ones_live() -> None
 
 def test_a_slurm_job_is_planned_at_submission_against_the_given_budget() -> None:
     from launcher.plan import memory_budget
+    from launcher.runners.slurm import SlurmRunner
 
-    given = memory_budget(config(train={"memory_budget": "3MiB"}), "slurm")
+    given = memory_budget(config(train={"memory_budget": "3MiB"}), SlurmRunner())
     assert given is not None and given.bytes == 3 * MIB
-    assert memory_budget(config(train={"device": "cuda"}), "slurm") is None  # GPUs unseen here
+    assert memory_budget(config(train={"device": "cuda"}), SlurmRunner()) is None  # unseen here
 
 
 def test_a_plan_more_than_15_percent_off_warns(caplog: pytest.LogCaptureFixture) -> None:

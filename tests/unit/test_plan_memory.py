@@ -16,6 +16,7 @@ from launcher.errors import ConfigError
 from launcher.memory import machine
 from launcher.plan import Plan, build_plan, memory_budget
 from launcher.runners import runner_for
+from launcher.runners.inprocess import InProcessRunner
 
 BASE: dict[str, Any] = {
     "model": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 24},
@@ -60,11 +61,11 @@ def test_cpu_ranks_share_the_machines_ram(tmp_path: Path, monkeypatch: pytest.Mo
 def test_a_gpu_rank_has_one_gpus_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = config(train={"device": "cuda"})
     monkeypatch.setattr(machine, "_gpu_memory_bytes", lambda: 80 * 2**30)
-    budget = memory_budget(cfg, "local")
+    budget = memory_budget(cfg, InProcessRunner())
     assert budget is not None and budget.bytes == 80 * 2**30
     assert budget.source == "the memory of one GPU"
     monkeypatch.setattr(machine, "_gpu_memory_bytes", lambda: None)  # no NVML, no nvidia-smi
-    assert memory_budget(cfg, "local") is None  # unknown: no budget
+    assert memory_budget(cfg, InProcessRunner()) is None  # unknown: no budget
 
 
 def test_slurm_nodes_are_checked_only_against_cluster_mem(tmp_path: Path) -> None:

@@ -14,14 +14,8 @@ from torch import nn
 from launcher.config.ac import AcConfig, AcPolicy
 from launcher.config.model import ModelConfig
 from launcher.models import GPT
-from launcher.recompute.policies import (
-    Segment,
-    SegmentMode,
-    apply_recompute,
-    build_runner,
-    plan_segments,
-    sqrt_segment_size,
-)
+from launcher.recompute.policies import apply_recompute, build_runner
+from launcher.recompute.segments import Segment, SegmentMode, plan_segments, sqrt_segment_size
 from launcher.training.loss import token_loss_sum
 
 POLICIES = AcPolicy.granularities()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from launcher import commands
+from launcher import commands, prepare
 from launcher.config import to_root_config
 from launcher.config.root import RootConfig
 from launcher.plan import Plan, build_plan
@@ -53,7 +53,7 @@ def test_only_runners_here_check_this_machines_devices() -> None:
     assert runner_for(slurm).check_environment(slurm) is None
     # so the engine's device checks (DeepSpeed refuses fp16 on CPU) apply to local runs only
     fp16 = {"device": "cpu", "precision": "fp16"}
-    commands.check_environment(config(cluster=SLURM, engine={"name": "deepspeed"}, train=fp16))
+    prepare.check_environment(config(cluster=SLURM, engine={"name": "deepspeed"}, train=fp16))
 
 
 @pytest.mark.parametrize(

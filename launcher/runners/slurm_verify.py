@@ -1,23 +1,13 @@
-"""cluster=slurm: the split runs in the allocation (srun, one torchrun per node, as the training
-step does), then the reference and the certificate on the batch host (launcher/verify/job.py).
+"""The lines of a SLURM script that certify the split (`launch verify`, verify.first): the split
+runs in the allocation (srun, one torchrun per node, as the training step does), then the
+reference and the certificate on the batch host (launcher/verify/job.py).
 
-`launch train verify.first=true` adds these lines to train.sbatch before the training step (a
-requeued job does not verify again); `launch verify` writes verify.sbatch, the same script
-ending after the certificate, submits it and waits for the answer. Light at import: the
-runner renders with it.
+`launch train verify.first=true` adds them to train.sbatch before the training step (a requeued
+job does not verify again); `launch verify` writes verify.sbatch, the same script ending after
+the certificate, which the SLURM runner submits and waits for (launcher/runners/slurm.py).
 """
 
 from __future__ import annotations
-
-import dataclasses
-import json
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from launcher.config.root import RootConfig
-
-VERIFY_SBATCH = "verify.sbatch"
 
 _SPLIT_STEP = r"""VERIFY_DIR="$RUN_DIR"/verify/split
 "$PYTHON" -m launcher.verify.job prepare "$RUN_DIR" || exit 1
@@ -55,22 +45,3 @@ def verify_step(verify_only: bool) -> str:
         "    fi\n"
         "fi"
     )
-
-
-def submit_verify(cfg: RootConfig, run_dir: Path) -> int:
-    """`launch verify cluster=slurm`: write verify.sbatch, submit it, wait for the certificate."""
-    from launcher.logs import get_logger
-    from launcher.runners.slurm import render_sbatch, submit
-    from launcher.verify.results import CERTIFICATE_FILE
-
-    path = run_dir.resolve() / VERIFY_SBATCH
-    path.write_text(render_sbatch(cfg, run_dir, verify_only=True), encoding="utf-8")
-    path.chmod(0o755)
-    waiting = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, wait=True))
-    code = submit(waiting, run_dir, ["sbatch", "--parsable", "--wait", str(path)])
-    certificate = run_dir / CERTIFICATE_FILE
-    if certificate.is_file():
-        data = json.loads(certificate.read_text(encoding="utf-8"))
-        verdict = "certified" if data["certified"] else "NOT certified"
-        get_logger("verify").info(f"{verdict}; the certificate: {certificate}")
-    return code
