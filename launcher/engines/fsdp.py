@@ -26,7 +26,7 @@ from launcher.config.train import Precision
 from launcher.distributed import DistContext
 from launcher.engines import precision as precisions
 from launcher.engines.base import TorchOptimizerEngine
-from launcher.engines.fsdp_spec import NEEDS_BLOCKS
+from launcher.engines.fsdp_units import NEEDS_BLOCKS
 from launcher.models.blocks import require_blocks
 from launcher.training.optim import build_optimizer, build_scheduler
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from launcher.config.engine import EngineName
 from launcher.config.root import RootConfig
+from launcher.engines.fsdp_units import NEEDS_BLOCKS
 from launcher.engines.precision import bytes_per_element
 from launcher.engines.spec import DCPSpec, with_engine
 from launcher.memory.shape import FP32, ModelShape
@@ -17,8 +18,6 @@ if TYPE_CHECKING:
 
     from launcher.distributed import DistContext
     from launcher.engines.base import Engine
-
-NEEDS_BLOCKS = "engine=fsdp (one shard unit per block)"
 
 
 class FSDPSpec(DCPSpec):
