@@ -21,6 +21,7 @@ from launcher.config.root import RootConfig
 from launcher.errors import ConfigError, LauncherError
 from launcher.models.blocks import BlockList, find_blocks, require_blocks
 from launcher.models.build import build_model
+from launcher.models.init_from import check_initial_weights
 from launcher.models.output import LogitsForward
 
 PROBE_SAMPLES = 32
@@ -164,6 +165,8 @@ def inspect_model(cfg: RootConfig) -> ModelInfo:
     parameters = sum(p.numel() for p in model.parameters())
     path, needs = blocks_path(cfg.model), _needs_blocks(cfg)
     blocks = require_blocks(model, path, needs) if needs else find_blocks(model, path)
+    if cfg.model.init_from:
+        check_initial_weights(model, cfg.model.init_from)
     vocab = None
     if isinstance(cfg.model, UserModelConfig):
         with _on("meta"):
