@@ -25,11 +25,11 @@ def is_transformers(model: nn.Module) -> bool:
 def write_transformers(model: nn.Module, directory: Path, dtype: torch.dtype) -> None:
     """config.json, generation_config.json and the safetensors shards (with an index above
     transformers' shard size), written by transformers itself."""
-    model.__dict__.pop("forward", None)  # the launcher's logits-only forward (models/output.py)
-    model.to(dtype)
-    config: Any = model.config
-    config.use_cache = True  # off for training only; users generate with the cache
-    model.save_pretrained(str(directory))
+    hf: Any = model  # a transformers PreTrainedModel
+    hf.__dict__.pop("forward", None)  # the launcher's logits-only forward (models/output.py)
+    hf.to(dtype)
+    hf.config.use_cache = True  # off for training only; users generate with the cache
+    hf.save_pretrained(str(directory))
 
 
 def write_plain(model: nn.Module, cfg: RootConfig, directory: Path, dtype: torch.dtype) -> None:
