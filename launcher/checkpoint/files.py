@@ -161,9 +161,7 @@ def scan_checkpoints(
     return found, damaged
 
 
-def find_checkpoints(
-    run_dir: Path, *, warn: bool = True, verify: bool = True
-) -> list[Checkpoint]:
+def find_checkpoints(run_dir: Path, *, warn: bool = True, verify: bool = True) -> list[Checkpoint]:
     """Complete checkpoints of a run directory, newest first, the first one's digests verified;
     warn about each one skipped."""
     return scan_checkpoints(run_dir, warn=warn, verify=verify)[0]
