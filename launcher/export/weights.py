@@ -4,14 +4,17 @@ in its metadata which launcher run and step it came from."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from launcher.config.load import to_plain
+from launcher.config.model import ModelConfig, UserModelConfig
 from launcher.config.root import RootConfig
+from launcher.models.gpt import GPT
+from launcher.models.user import locate_target, model_arguments
 
 WEIGHTS_FILE = "model.safetensors"
 MODEL_CONFIG_FILE = "model.yaml"
@@ -25,6 +28,9 @@ def is_transformers(model: nn.Module) -> bool:
 def write_transformers(model: nn.Module, directory: Path, dtype: torch.dtype) -> None:
     """config.json, generation_config.json and the safetensors shards (with an index above
     transformers' shard size), written by transformers itself."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one line in the log says it is done
     hf: Any = model  # a transformers PreTrainedModel
     hf.__dict__.pop("forward", None)  # the launcher's logits-only forward (models/output.py)
     hf.to(dtype)
@@ -34,8 +40,8 @@ def write_transformers(model: nn.Module, directory: Path, dtype: torch.dtype) ->
 
 def write_plain(model: nn.Module, cfg: RootConfig, directory: Path, dtype: torch.dtype) -> None:
     """model.safetensors under the model's own parameter names (tied weights under each name,
-    so load_state_dict(strict=True) works), and model.yaml, the model section that rebuilds
-    it (hydra.utils.instantiate for a `_target_` model)."""
+    so load_state_dict(strict=True) works), and model.yaml, the config that rebuilds the module
+    with hydra.utils.instantiate."""
     from omegaconf import OmegaConf
     from safetensors.torch import save_file
 
@@ -44,9 +50,20 @@ def write_plain(model: nn.Module, cfg: RootConfig, directory: Path, dtype: torch
         for name, t in model.state_dict().items()
     }
     save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    section = to_plain(cfg)["model"]
-    section.pop("init_from", None)  # the export is the starting point now
-    (directory / MODEL_CONFIG_FILE).write_text(OmegaConf.to_yaml(section), encoding="utf-8")
+    text = OmegaConf.to_yaml(rebuild_config(cfg))
+    (directory / MODEL_CONFIG_FILE).write_text(text, encoding="utf-8")
+
+
+def rebuild_config(cfg: RootConfig) -> dict[str, Any]:
+    """`_target_` and the arguments the launcher built the model with."""
+    model = cfg.model
+    if isinstance(model, UserModelConfig):
+        return {"_target_": model._target_, **model_arguments(model, locate_target(model._target_))}
+    shape = {k: v for k, v in dataclasses.asdict(model).items() if k != "init_from"}
+    return {
+        "_target_": f"{GPT.__module__}.{GPT.__name__}",
+        "cfg": {"_target_": f"{ModelConfig.__module__}.{ModelConfig.__name__}", **shape},
+    }
 
 
 def stamp(directory: Path, metadata: dict[str, str]) -> None:
