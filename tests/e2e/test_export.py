@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.data_sources import train_tokenizer, write_texts, write_tokens
+from tests.data_sources import train_tokenizer, write_texts
 from tests.helpers import REPO, read_losses, run_launch
 
 pytest.importorskip("transformers")
@@ -122,12 +122,12 @@ def test_bf16_export_is_bf16_on_disk_and_refuses_to_clobber(
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}  # noqa: SIM118
 
 
-def _one_batch_tokens(path: Path) -> list[str]:
-    """A token file of exactly one global batch: every step trains on the same samples, so a
-    step's loss is the loss of the weights it starts from."""
-    write_tokens(path, 4 * 16 + 1)
+def _one_batch_text(path: Path) -> list[str]:
+    """A text file of exactly one global batch (4 windows of 16 bytes): every step trains on the
+    same samples, so a step's loss is the loss of the weights it starts from."""
+    path.write_text(("the cat sat on a mat " * 4)[: 4 * 16 + 1])
     return [
-        "data=tokens",
+        "data=text",
         f"data.path={path}",
         "model.seq_len=16",
         "batch.global_size=4",
@@ -137,7 +137,7 @@ def _one_batch_tokens(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("kind", ["builtin", "hf"])
 def test_a_run_started_from_an_export_begins_at_its_loss(kind: str, tmp_path: Path) -> None:
-    data = _one_batch_tokens(tmp_path / "tokens.bin")
+    data = _one_batch_text(tmp_path / "text.txt")
     model = (
         ["model.n_layer=1", "model.d_model=32", "model.n_head=2"]
         if kind == "builtin"
@@ -175,7 +175,7 @@ def test_a_target_model_export_rebuilds_with_instantiate_and_a_strict_load(
         "+model.n_layer=2",
         "model.seq_len=16",
     ]
-    run_launch(["train", *model, *_one_batch_tokens(tmp_path / "t.bin"), "train.steps=1"], run)
+    run_launch(["train", *model, *_one_batch_text(tmp_path / "t.txt"), "train.steps=1"], run)
     run_launch(["export", str(run)])
     rebuilt = instantiate(OmegaConf.load(run / "export" / "model.yaml"))
     rebuilt.load_state_dict(load_file(str(run / "export" / "model.safetensors")), strict=True)
