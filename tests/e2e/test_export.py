@@ -144,7 +144,11 @@ def test_a_run_started_from_an_export_begins_at_its_loss(kind: str, tmp_path: Pa
         else ["model=hf", f"model.config={FIXTURES / 'tiny_gpt2.json'}"]
     )
     first = tmp_path / "first"
-    run_launch(["train", *model, *data, "train.steps=3", "checkpoint.every=2"], first)
+    at_end = ["export.at_end=true"] if kind == "builtin" else []
+    run_launch(["train", *model, *data, "train.steps=3", "checkpoint.every=2", *at_end], first)
+    if at_end:  # the final step's weights, in the run directory
+        record = json.loads((first / "export" / "launcher_export.json").read_text())
+        assert record["launcher.step"] == "3"
     export = tmp_path / "exported"
     run_launch(["export", str(first / "checkpoints" / "step_2"), "--output", str(export)])
     start = (
