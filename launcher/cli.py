@@ -42,6 +42,9 @@ commands:
              batched offline generation from a run's checkpoint (continuous batching)
   serve RUN [serve.* overrides]
              an HTTP server (POST /v1/completions) on a run's checkpoint; needs the [serve] extra
+  export RUN [--output DIR] [export.dtype=fp32|bf16|fp16] [export.overwrite=true]
+             the trained weights as a from_pretrained directory (transformers models) or
+             model.safetensors + model.yaml; a new run starts from it (model.init_from=DIR)
   sweep-summary SWEEP_DIR
              write sweep_summary.csv/.md/.png: one row per point, loss curves checked
              (`launch train -m` writes them itself; this is for points that ran as SLURM jobs)
@@ -60,6 +63,7 @@ main config keys (override as key=value; groups as group=name):
   train.steps train.seed train.precision=fp32|bf16|fp16 train.resume=auto|never|PATH
   train.max_restarts  checkpoint.every  checkpoint.keep  checkpoint.overwrite
   optim.lr  wandb.mode=offline|online|disabled
+  model.init_from=DIR        start from the weights of `launch export` (export.at_end=true)
   hydra.run.dir=DIR          where the run's files go (default outputs/<date>/<time>)
 
 examples:
@@ -225,6 +229,10 @@ def main(argv: list[str] | None = None) -> None:
 
         main_of = generate_main if command == "generate" else serve_main
         sys.exit(main_of(rest))
+    if command == "export":
+        from launcher.export.command import export_main
+
+        sys.exit(export_main(rest))
     if command not in COMMANDS:
         print(f"launch: unknown command {command!r}\n", file=sys.stderr)
         print(USAGE, end="", file=sys.stderr)

@@ -51,6 +51,11 @@ def train_command(cfg: RootConfig, run_dir: Path) -> int:
                 return code
         if not runner.holds_run_lock:
             lock.release()  # the job takes it where it runs
-        return runner.run(cfg, run_dir, plan)
+        code = runner.run(cfg, run_dir, plan)
+        if code == 0 and cfg.export.at_end:
+            from launcher.export.command import export_at_end
+
+            export_at_end(cfg, run_dir)
+        return code
     finally:
         lock.release()

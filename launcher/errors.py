@@ -27,5 +27,14 @@ class DataError(LauncherError):
     """A missing, empty or malformed data file."""
 
 
+class VocabTooSmall(DataError):
+    """Token ids at or past the model's vocabulary. The fix named is the built-in model's key;
+    a user model's check (launcher/models/probe.py) names its own."""
+
+    def __init__(self, problem: str, needed: int, alternative: str) -> None:
+        self.problem, self.needed, self.alternative = problem, needed, alternative
+        super().__init__(f"{problem} Fix: set model.vocab_size={needed}, or {alternative}")
+
+
 class EnvironmentProblem(LauncherError):
     """The machine cannot run what the config asks (devices, tools on PATH)."""

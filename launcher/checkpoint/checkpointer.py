@@ -35,6 +35,7 @@ from launcher.checkpoint.files import (
     Checkpoint,
     checkpoints_dir,
     commit,
+    damaged_file,
     manifest,
     none_loads,
     prune,
@@ -45,6 +46,7 @@ from launcher.checkpoint.rng import reseed, rng_state, set_rng_state
 from launcher.checkpoint.space import is_disk_full, no_space_left, written_path
 from launcher.config.root import RootConfig
 from launcher.exit_codes import STOPPED_RESUMABLE
+from launcher.integrity.data import data_identity
 from launcher.logs import get_logger
 from launcher.rundir import write_stopped
 from launcher.tracking.metrics import RunTotals
@@ -188,10 +190,10 @@ class Checkpointer:
             os.fsync(f.fileno())
 
     def _write_marker(self, tmp: Path, meta: dict[str, Any], step: int) -> None:
+        meta = {**meta, "data": data_identity(self.cfg.data)}  # digests cached: cheap
         write_synced(tmp / META, json.dumps(meta, indent=2) + "\n")
-        write_synced(
-            tmp / MARKER, json.dumps({"step": step, "files": manifest(tmp)}, indent=2) + "\n"
-        )
+        record = {"step": step, **manifest(tmp)}
+        write_synced(tmp / MARKER, json.dumps(record, indent=2) + "\n")
 
     @staticmethod
     def _attempt(write: Callable[[], None]) -> BaseException | None:
@@ -253,7 +255,10 @@ class Checkpointer:
     def _load(self, ckpt: Checkpoint) -> str | None:
         """Load on every rank; None when every rank loaded it, else what went wrong."""
         ctx = self.ctx
-        problem = None
+        # One rank reads every file against its digest; all skip a damaged checkpoint together.
+        problem = damaged_file(ckpt.path) if ctx.is_main else None
+        if not _all_ranks(problem is None, ctx.device):
+            return problem or "it is damaged (found by rank 0)"
         try:
             self.trainer.engine.load_checkpoint(ckpt.path / ENGINE_DIR)
             rng_file = ckpt.path / RNG_DIR / f"rank_{ctx.rank}.pt"

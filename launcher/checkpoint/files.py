@@ -3,15 +3,17 @@
     <run dir>/checkpoints/step_<N>/
         engine/            the engine's state: DCP shards (ddp, fsdp) or the engine's own format
         rng/rank_<r>.pt    each rank's torch, CUDA, numpy and python RNG states
-        meta.json          step, run totals, config fingerprint, engine, world size
-        complete.json      written last: every file and its size (the completion marker)
+        meta.json          step, run totals, config fingerprint, engine, world size, and the
+                           size and digest of every data source (launcher/integrity/data.py)
+        complete.json      written last: every file, its size and SHA-256 (the completion marker)
 
 A save goes into checkpoints/.tmp_step_<N>, gets its marker, and is then renamed into place, so
 a step_<N> directory is complete by construction. A directory whose marker is missing, or whose
 files no longer have the sizes the marker lists (a truncated copy, a full disk), is skipped with
-a warning naming it; when every step_<N> directory is damaged, resuming is refused rather than
-silently starting over them. Nothing here needs a process group: `launch` uses it before starting
-ranks.
+a warning naming it; so is one whose files no longer match their digests (a damaged disk, an
+overwrite), found when it is about to be loaded. When every step_<N> directory is damaged,
+resuming is refused rather than silently starting over them. Nothing here needs a process
+group: `launch` uses it before starting ranks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any
 from launcher.checkpoint.compat import check_compatible
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
+from launcher.integrity.data import check_data_unchanged
+from launcher.integrity.digests import file_digest
 from launcher.logs import get_logger
 from launcher.rundir import CHECKPOINTS_DIR, METRICS_FILE, SUMMARY_FILE
 
@@ -68,8 +72,9 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def inspect(path: Path) -> Checkpoint | str:
-    """The checkpoint at `path`, or why it is not a complete one."""
+def inspect(path: Path, verify: bool = True) -> Checkpoint | str:
+    """The checkpoint at `path`, or why it is not a complete one; verify: also every file's
+    digest (it reads the whole checkpoint)."""
     if not path.is_dir():
         return "not a directory"
     try:
@@ -88,6 +93,10 @@ def inspect(path: Path) -> Checkpoint | str:
         actual = file.stat().st_size
         if actual != size:
             return f"{rel} has {actual} bytes, but {size} were written (truncated or damaged)"
+    if verify:
+        problem = damaged_file(path, manifest)
+        if problem:
+            return problem
     try:
         meta = _read_json(path / META)
         int(meta["step"])
@@ -96,11 +105,32 @@ def inspect(path: Path) -> Checkpoint | str:
     return Checkpoint(path, meta)
 
 
+def damaged_file(path: Path, manifest: Any = None) -> str | None:
+    """Why a checkpoint's files are not those its save wrote (a digest differs), or None.
+    Checkpoints written before digests were recorded are judged by their sizes alone."""
+    if manifest is None:
+        try:
+            manifest = _read_json(path / MARKER)
+        except (OSError, ValueError):
+            return f"its {MARKER} is unreadable"
+    digests = manifest.get("sha256") if isinstance(manifest, dict) else None
+    for rel, digest in (digests or {}).items():
+        try:
+            actual = file_digest(path / rel)
+        except OSError as exc:
+            return f"{rel} cannot be read ({exc.strerror})"
+        if actual != digest:
+            return f"{rel} does not match the digest written at save (damaged)"
+    return None
+
+
 def scan_checkpoints(
-    run_dir: Path, *, warn: bool = True
+    run_dir: Path, *, warn: bool = True, verify: bool = False
 ) -> tuple[list[Checkpoint], list[tuple[Path, str]]]:
     """Complete checkpoints of a run directory, newest first, and the damaged step_<N>
-    directories with why; warn about each one skipped."""
+    directories with why; warn about each one skipped. verify: check digests from the newest
+    down to the first intact one (the one a caller loads; older ones are checked when
+    reached)."""
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return [], []
@@ -113,19 +143,28 @@ def scan_checkpoints(
             continue
         if not entry.name.startswith(STEP_PREFIX):
             continue
-        result = inspect(entry)
+        result = inspect(entry, verify=False)
         if isinstance(result, str):
             if warn:
                 log.warning(f"skipping checkpoint {entry}: {result}.")
             damaged.append((entry, result))
             continue
         found.append(result)
-    return sorted(found, key=lambda c: c.order, reverse=True), damaged
+    found.sort(key=lambda c: c.order, reverse=True)
+    while verify and found:
+        problem = damaged_file(found[0].path)
+        if problem is None:
+            break
+        if warn:
+            log.warning(f"skipping checkpoint {found[0].path}: {problem}.")
+        damaged.append((found.pop(0).path, problem))
+    return found, damaged
 
 
-def find_checkpoints(run_dir: Path, *, warn: bool = True) -> list[Checkpoint]:
-    """Complete checkpoints of a run directory, newest first; warn about each one skipped."""
-    return scan_checkpoints(run_dir, warn=warn)[0]
+def find_checkpoints(run_dir: Path, *, warn: bool = True, verify: bool = True) -> list[Checkpoint]:
+    """Complete checkpoints of a run directory, newest first, the first one's digests verified;
+    warn about each one skipped."""
+    return scan_checkpoints(run_dir, warn=warn, verify=verify)[0]
 
 
 def none_loads(run_dir: Path, failed: list[tuple[Path, str]]) -> ConfigError:
@@ -162,7 +201,7 @@ def resume_candidates(
     if mode == "never":
         return []
     path = Path(mode).expanduser()
-    result = inspect(path)
+    result = inspect(path, verify=False)  # the digests: where it is loaded (Checkpointer._load)
     if isinstance(result, str):
         raise ConfigError(
             "train.resume",
@@ -200,6 +239,8 @@ def check_resume(cfg: RootConfig, run_dir: Path) -> RootConfig:
     candidates = resume_candidates(cfg, run_dir, restarted=False, warn=False)
     if candidates:
         check_compatible(candidates[0].meta, cfg, candidates[0].path)
+        if not cfg.checkpoint.allow_data_change:
+            check_data_unchanged(candidates[0].meta.get("data"), cfg.data, candidates[0].path)
     return cfg
 
 
@@ -233,11 +274,12 @@ def _sync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def manifest(directory: Path) -> dict[str, int]:
+def manifest(directory: Path) -> dict[str, Any]:
+    """The completion record: every file's size and SHA-256."""
+    files = [p for p in sorted(directory.rglob("*")) if p.is_file()]
     return {
-        str(p.relative_to(directory)): p.stat().st_size
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
+        "files": {str(p.relative_to(directory)): p.stat().st_size for p in files},
+        "sha256": {str(p.relative_to(directory)): file_digest(p) for p in files},
     }
 
 
@@ -260,6 +302,6 @@ def prune(run_dir: Path, keep: int, current: Path) -> None:
     for entry in root.iterdir():
         if entry.name.startswith((TMP_PREFIX, OLD_PREFIX)):
             shutil.rmtree(entry, ignore_errors=True)
-    for old in find_checkpoints(run_dir, warn=False)[keep:]:
+    for old in find_checkpoints(run_dir, warn=False, verify=False)[keep:]:
         if old.path != current:
             shutil.rmtree(old.path, ignore_errors=True)

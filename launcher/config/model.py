@@ -31,6 +31,8 @@ class ModelConfig:
     """Byte-level vocabulary; every built-in dataset uses bytes."""
     mlp_ratio: int = 4
     """Hidden width of the MLP as a multiple of d_model."""
+    init_from: str | None = None
+    """Start from these weights: a `launch export` directory (or its model.safetensors)."""
 
     def __post_init__(self) -> None:
         require_finite("model", self)
@@ -55,7 +57,7 @@ class ModelConfig:
         return {f"model.{key}": getattr(self, key) for key in keys}
 
 
-LAUNCHER_KEYS = ("_target_", "name", "seq_len", "blocks")
+LAUNCHER_KEYS = ("_target_", "name", "seq_len", "blocks", "init_from")
 """A user model's keys that the launcher reads; every other key is the model's own argument."""
 
 
@@ -71,6 +73,8 @@ class UserModelConfig:
     """Tokens per sequence; also passed to the target when it takes a `seq_len` argument."""
     blocks: str | None = None
     """Dotted path of the repeated blocks (an nn.ModuleList, e.g. model.layers); null: found."""
+    init_from: str | None = None
+    """Start from these weights: a `launch export` directory (or its model.safetensors)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The model's own arguments (every other key of the model section), passed to the target."""
 
@@ -97,6 +101,7 @@ class UserModelConfig:
             "name": self.name,
             "seq_len": self.seq_len,
             "blocks": self.blocks,
+            "init_from": self.init_from,
             **self.kwargs,
         }
 

@@ -11,6 +11,7 @@ from launcher.config.cluster import ClusterConfig, ClusterKind
 from launcher.config.data import DataConfig
 from launcher.config.engine import EngineConfig
 from launcher.config.eval import EvalConfig
+from launcher.config.export import ExportConfig
 from launcher.config.model import AnyModelConfig, ModelConfig
 from launcher.config.parallel import BatchConfig, ParallelConfig
 from launcher.config.serve import ServeConfig
@@ -45,6 +46,7 @@ class RootConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     def __post_init__(self) -> None:
         # Every section's float fields, also those of a section that does not check its own.

@@ -131,6 +131,9 @@ class CheckpointConfig:
     overwrite: bool = False
     """With train.resume=never: delete the run directory's checkpoints and metrics and start
     over (without it such a run is refused)."""
+    allow_data_change: bool = False
+    """Resume although a data source (data.path, data.val_path, the tokenizer's files) changed
+    since the checkpoint was saved (without it such a resume is refused)."""
 
     def __post_init__(self) -> None:
         require_non_negative("checkpoint.every", self.every)

@@ -29,7 +29,7 @@ from launcher.data.records import PaddedRecords
 from launcher.data.sequence import TokenDataset
 from launcher.data.tokenizer import LocalTokenizer, load_tokenizer, require
 from launcher.data.tokens import PackedTokens
-from launcher.errors import DataError
+from launcher.errors import DataError, VocabTooSmall
 from launcher.logs import get_logger
 
 log = get_logger("data")
@@ -181,11 +181,12 @@ def open_cached(
 ) -> TokenDataset:
     meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
     if vocab_size is not None and max(meta["max_id"] + 1, meta["vocab_size"]) > vocab_size:
-        raise DataError(
+        raise VocabTooSmall(
             f"data.tokenizer: {cfg.tokenizer} has a vocabulary of {meta['vocab_size']} (its "
             f"largest id in {directory.name} is {meta['max_id']}), past the model's vocabulary "
-            f"of {vocab_size}. Fix: set "
-            f"model.vocab_size={meta['vocab_size']} or more, or use the model's own tokenizer."
+            f"of {vocab_size}.",
+            max(meta["max_id"] + 1, meta["vocab_size"]),
+            "use the model's own tokenizer.",
         )
     tokens = np.memmap(directory / "tokens.bin", dtype=np.uint32, mode="r")
     if not meta["tuning"]:

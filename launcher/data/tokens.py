@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from launcher.data.sequence import IGNORE_INDEX, PAD_ID, Sample
-from launcher.errors import DataError
+from launcher.errors import DataError, VocabTooSmall
 
 SCAN_CHUNK = 1 << 22
 """Tokens read at a time by `max_token`: memory stays flat however big the file is."""
@@ -65,10 +65,11 @@ def max_token(path: Path, dtype: str) -> tuple[int, int]:
 def check_vocab(key: str, path: Path, dtype: str, vocab_size: int) -> None:
     top, index = max_token(path, dtype)
     if top >= vocab_size:
-        raise DataError(
+        raise VocabTooSmall(
             f"{key}: {path} holds token id {top} (token {index:,}), past the model's vocabulary "
-            f"of {vocab_size}. Fix: set model.vocab_size={top + 1} or more, or check that "
-            f"data.dtype={dtype} and the tokenizer match the file."
+            f"of {vocab_size}.",
+            top + 1,
+            f"check that the file holds {dtype} ids (data.dtype) of the model's tokenizer.",
         )
 
 

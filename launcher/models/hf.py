@@ -18,6 +18,7 @@ from torch import nn
 from launcher.errors import ConfigError
 
 INSTALL = "pip install 'launcher[hf]'"
+FROM_CONFIG_ARGS = ("dtype", "torch_dtype", "attn_implementation", "trust_remote_code")
 
 
 def require_transformers() -> Any:
@@ -85,7 +86,11 @@ def build_hf(
             )
     else:
         assert config is not None
-        model = auto.from_config(load_config(config), **kwargs)
+        hf_config = load_config(config)
+        # A key of the config (+model.vocab_size=N) overrides it; the rest go to from_config.
+        for key in [k for k in kwargs if k not in FROM_CONFIG_ARGS and hasattr(hf_config, k)]:
+            setattr(hf_config, key, kwargs.pop(key))
+        model = auto.from_config(hf_config, **kwargs)
     model.config.use_cache = False
     limit = getattr(model.config, "max_position_embeddings", None) or getattr(
         model.config, "n_positions", None

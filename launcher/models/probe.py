@@ -19,10 +19,12 @@ from launcher.config.ac import AcPolicy
 from launcher.config.model import UserModelConfig, blocks_path
 from launcher.config.root import RootConfig
 from launcher.engines import engine_spec
-from launcher.errors import ConfigError, LauncherError
+from launcher.errors import ConfigError, DataError, LauncherError, VocabTooSmall
 from launcher.models.blocks import BlockList, find_blocks, require_blocks
 from launcher.models.build import build_model
+from launcher.models.init_from import check_initial_weights
 from launcher.models.output import LogitsForward
+from launcher.models.vocab import vocab_fix
 
 PROBE_SAMPLES = 32
 """Samples whose target ids are compared with the logits' vocabulary."""
@@ -126,7 +128,7 @@ def probe_vocab(cfg: UserModelConfig, meta_model: nn.Module) -> int:
     return check_output(cfg, output)
 
 
-def max_target_id(cfg: RootConfig, vocab: int) -> int | None:
+def max_target_id(cfg: RootConfig, model: UserModelConfig, vocab: int) -> int | None:
     """The largest target id of the first samples of the configured data (None: none read).
     A token file is checked whole by the data's own builder, given the vocabulary."""
     from launcher.data import build_dataset
@@ -135,6 +137,10 @@ def max_target_id(cfg: RootConfig, vocab: int) -> int | None:
         dataset: Any = build_dataset(cfg.data, cfg.model.seq_len, cfg.train.seed, vocab)
         count = len(dataset) or PROBE_SAMPLES  # 0: an unbounded source (sample i from the seed)
         samples = [dataset[i] for i in range(min(count, PROBE_SAMPLES))]
+    except VocabTooSmall as exc:  # said in this model's words
+        raise DataError(
+            f"{exc.problem} Fix: {vocab_fix(model, exc.needed)}, or {exc.alternative}"
+        ) from None
     except LauncherError:
         raise
     except Exception:  # the data's own checks report a bad data source in their words
@@ -148,14 +154,13 @@ def _targets(sample: Any) -> torch.Tensor | None:
     return None if found is None else torch.as_tensor(found)
 
 
-def check_vocab(cfg: RootConfig, vocab: int) -> None:
-    top = max_target_id(cfg, vocab)
+def check_vocab(cfg: RootConfig, model: UserModelConfig, vocab: int) -> None:
+    top = max_target_id(cfg, model, vocab)
     if top is not None and top >= vocab:
         raise ConfigError(
             "model",
             f"the model's logits have {vocab} entries, but the data has target id {top}.",
-            "give the model a vocabulary of at least the tokenizer's size (e.g. "
-            f"+model.vocab_size={top + 1}), or use data that matches it.",
+            f"{vocab_fix(model, top + 1)}, or use data that matches the model.",
         )
 
 
@@ -166,11 +171,13 @@ def inspect_model(cfg: RootConfig) -> ModelInfo:
     parameters = sum(p.numel() for p in model.parameters())
     path, needs = blocks_path(cfg.model), _needs_blocks(cfg)
     blocks = require_blocks(model, path, needs) if needs else find_blocks(model, path)
+    if cfg.model.init_from:
+        check_initial_weights(model, cfg.model.init_from)
     vocab = None
     if isinstance(cfg.model, UserModelConfig):
         with _on("meta"):
             vocab = probe_vocab(cfg.model, model)
-        check_vocab(cfg, vocab)
+        check_vocab(cfg, cfg.model, vocab)
     block = sum(p.numel() for p in blocks.blocks[0].parameters()) if blocks else 0
     sizes = tuple(p.numel() for p in model.parameters())
     return ModelInfo(parameters, blocks, vocab, block, max(sizes, default=0), sizes)

@@ -28,6 +28,7 @@ from launcher.logs import get_logger, setup_logging
 from launcher.memory.auto import require_planned
 from launcher.memory.peak import PeakMeter, planned_peak_bytes
 from launcher.models import build_model as construct_model
+from launcher.models.init_from import load_initial_weights
 from launcher.recompute.measure import activation_report
 from launcher.recompute.policies import apply_recompute
 from launcher.rundir import clear_stopped, rank_error_file, read_stopped
@@ -75,6 +76,8 @@ def warn_batch_dependent_layers(model: nn.Module, micro_size: int, global_size: 
 def build_model(cfg: RootConfig) -> nn.Module:
     seed_everything(cfg.train.seed)  # the same initial weights on every rank and every split
     model = construct_model(cfg.model)  # the built-in GPT, or the user's own by `_target_`
+    if cfg.model.init_from:  # a fine-tuning run: the exported weights, on every rank
+        load_initial_weights(model, cfg.model.init_from)
     apply_recompute(model, cfg.ac, blocks_path(cfg.model))
     return model
 

@@ -4,6 +4,7 @@ disk's error as DCP reports it. The end-to-end versions are in tests/e2e/test_ba
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 from traceback import StackSummary
@@ -12,7 +13,7 @@ import pytest
 from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher.checkpoint.checkpointer import Checkpointer
-from launcher.checkpoint.files import check_resume, find_checkpoints
+from launcher.checkpoint.files import MARKER, check_resume, find_checkpoints
 from launcher.checkpoint.space import is_disk_full, written_path
 from launcher.distributed import DistContext
 from launcher.errors import ConfigError
@@ -57,15 +58,19 @@ def test_checkpoints_that_pass_inspection_but_none_loads_are_refused_by_the_rank
     cfg = config()
     run(cfg, ctx, tmp_path)
     root = tmp_path / "checkpoints"
-    for step in (2, 4):  # same size: only loading can tell
+    for step in (2, 4):  # same size: only the digests, or loading, can tell
         metadata = root / f"step_{step}" / "engine" / ".metadata"
         metadata.write_bytes(b"\0" * metadata.stat().st_size)
-    check_resume(cfg, tmp_path)  # sizes match their markers: `launch` cannot tell
+    # step_2 as written before digests were recorded: its sizes alone are checked.
+    marker = json.loads((root / "step_2" / MARKER).read_text())
+    (root / "step_2" / MARKER).write_text(json.dumps({"step": 2, "files": marker["files"]}))
+    check_resume(cfg, tmp_path)  # sizes match their markers: `launch` does not read them whole
     trainer = build_trainer(cfg, ctx, tmp_path)
     with pytest.raises(ConfigError) as refused:
         Checkpointer(cfg, tmp_path, ctx, trainer).resume()
     text = str(refused.value)
-    assert "step_4 (it could not be loaded" in text and "step_2 (it could not be loaded" in text
+    assert "step_4 (engine/.metadata does not match the digest written at save" in text
+    assert "step_2 (it could not be loaded" in text
     assert "train.resume=never checkpoint.overwrite=true" in text
 
 

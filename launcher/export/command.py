@@ -1,0 +1,147 @@
+"""`launch export RUN [--output DIR] [export.* overrides]` and `export.at_end`: load the run's
+checkpoint into its plain model on this process (any engine, any dp, no process group), write the
+formats others load into a temporary sibling of the output, rename it into place."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from launcher.config.export import ExportConfig
+from launcher.config.root import RootConfig
+from launcher.errors import ConfigError, LauncherError
+from launcher.export.output import check_output, commit, temporary_sibling
+from launcher.export.weights import (
+    DTYPES,
+    is_transformers,
+    stamp,
+    write_plain,
+    write_tokenizer,
+    write_transformers,
+)
+from launcher.logs import get_logger, setup_logging
+
+log = get_logger("export")
+
+EXPORT_DIR = "export"
+RECORD_FILE = "launcher_export.json"
+USAGE = """\
+usage: launch export RUN_DIR_OR_CHECKPOINT [--output DIR] [overrides]
+
+The trained weights of a run's newest complete checkpoint (or the checkpoints/step_<N> given),
+of any engine and dp, on this process: for a transformers model a directory that
+AutoModelForCausalLM.from_pretrained (and AutoTokenizer, when the run had a tokenizer) loads;
+otherwise model.safetensors and model.yaml (the model section that rebuilds it). Default output:
+RUN/export. A new run starts from it with model=hf model.path=DIR, or model.init_from=DIR.
+
+overrides: export.dtype=fp32|bf16|fp16  export.overwrite=true (replace a non-empty --output)
+"""
+
+
+def apply_overrides(export: ExportConfig, overrides: dict[str, str]) -> ExportConfig:
+    changes: dict[str, object] = {}
+    for key, value in overrides.items():
+        if key == "export.dtype":
+            changes["dtype"] = value
+        elif key == "export.overwrite":
+            if value.lower() not in ("true", "false"):
+                raise ConfigError(key, f"{value!r} is not true or false.", f"{key}=true.")
+            changes["overwrite"] = value.lower() == "true"
+        else:
+            raise ConfigError(
+                key, "is not an option of launch export.", "use export.dtype, export.overwrite."
+            )
+    return dataclasses.replace(export, **changes)  # type: ignore[arg-type]
+
+
+def export_run(argument: str, output: Path | None, export: ExportConfig) -> Path:
+    """Export the checkpoint `argument` names; the directory written."""
+    from launcher.serve.load import find_checkpoint, load_run
+
+    run_dir, _ = find_checkpoint(argument)
+    target = (output or run_dir / EXPORT_DIR).expanduser().absolute()
+    check_output(target, export.overwrite)  # before any weight is read
+    started = time.perf_counter()
+    run = load_run(argument, torch.device("cpu"))
+    tmp = temporary_sibling(target)
+    try:
+        _write(run.cfg, run.model, run.checkpoint.path, run.checkpoint.step, tmp, export)
+        commit(tmp, target, export.overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info(
+        f"exported {run.checkpoint.path} (step {run.checkpoint.step}, {export.dtype}) to "
+        f"{target} in {time.perf_counter() - started:.1f}s"
+    )
+    return target
+
+
+def _write(
+    cfg: RootConfig,
+    model: torch.nn.Module,
+    checkpoint: Path,
+    step: int,
+    directory: Path,
+    export: ExportConfig,
+) -> None:
+    dtype = DTYPES[export.dtype]
+    if is_transformers(model):
+        write_transformers(model, directory, dtype)
+    else:
+        write_plain(model, cfg, directory, dtype)
+    if cfg.data.tokenizer:
+        write_tokenizer(cfg.data.tokenizer, cfg.data.eos_token, directory)
+    record = {
+        "launcher.run": str(checkpoint.parent.parent),
+        "launcher.checkpoint": str(checkpoint),
+        "launcher.step": str(step),
+        "launcher.dtype": export.dtype,
+    }
+    stamp(directory, record)
+    text = json.dumps(record, indent=2) + "\n"
+    (directory / RECORD_FILE).write_text(text, encoding="utf-8")
+
+
+def export_at_end(cfg: RootConfig, run_dir: Path) -> None:
+    """export.at_end=true after `launch train` returned 0: the final checkpoint into RUN/export
+    (the run's own directory: replaced by each export)."""
+    from launcher.checkpoint.files import find_checkpoints
+
+    found = find_checkpoints(run_dir, warn=False)
+    if not found or found[0].step != cfg.train.steps:
+        log.warning(
+            f"export.at_end: {run_dir} holds no checkpoint of step {cfg.train.steps} here (a "
+            f"SLURM job still running?); export it when done: launch export {run_dir}"
+        )
+        return
+    export_run(str(run_dir), run_dir / EXPORT_DIR, dataclasses.replace(cfg.export, overwrite=True))
+
+
+def export_main(argv: list[str]) -> int:
+    from launcher.serve.options import parse_argv
+
+    setup_logging(0)
+    try:
+        line = parse_argv(argv, "export", takes_output=True)
+        if line.help:
+            print(USAGE, end="")
+            return 0
+        if len(line.positionals) != 1:
+            raise ConfigError(
+                "RUN_DIR_OR_CHECKPOINT",
+                f"expected one run, got {' '.join(line.positionals) or 'nothing'}.",
+                "launch export RUN_DIR_OR_CHECKPOINT [--output DIR].",
+            )
+        export = apply_overrides(ExportConfig(), line.overrides)
+        output = Path(line.output) if line.output else None
+        export_run(line.positionals[0], output, export)
+    except LauncherError as exc:
+        get_logger().error(str(exc))
+        return exc.exit_code
+    return 0

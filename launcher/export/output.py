@@ -1,0 +1,61 @@
+"""Where an export is written: a temporary sibling of the output directory, renamed into place
+when complete, so an interrupted export never leaves a half-written directory under the name
+asked for, and never destroys what was there. Only a real directory is ever replaced (with
+export.overwrite=true); a symlink, a device or a file given as --output is refused."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from launcher.errors import ConfigError
+
+KEY = "--output"
+
+
+def check_output(path: Path, overwrite: bool) -> None:
+    """Refuse an output the export may not write to, before any weight is read."""
+    if path.is_symlink():
+        raise ConfigError(
+            KEY,
+            f"{path} is a symbolic link; the export replaces a directory only.",
+            "give a new directory path (--output DIR).",
+        )
+    if path.exists() and not path.is_dir():
+        raise ConfigError(
+            KEY, f"{path} exists and is not a directory.", "give a new directory path."
+        )
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise ConfigError(
+            [KEY, "export.overwrite"],
+            f"{path} is not empty.",
+            "give a new directory (--output DIR), or add export.overwrite=true to replace it.",
+        )
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(KEY, f"cannot create {parent} ({exc.strerror}).") from None
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(KEY, f"{parent} is not writable.", "give a writable path.")
+
+
+def temporary_sibling(path: Path) -> Path:
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)  # ours: a leftover of this process id
+    tmp.mkdir()
+    return tmp
+
+
+def commit(tmp: Path, path: Path, overwrite: bool) -> None:
+    """Rename the complete export into place; an existing directory (checked again: it may have
+    changed while the weights were written) is moved aside first and removed after."""
+    check_output(path, overwrite)
+    if not path.exists():
+        tmp.rename(path)
+        return
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    path.rename(old)
+    tmp.rename(path)
+    shutil.rmtree(old)

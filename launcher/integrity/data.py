@@ -1,0 +1,73 @@
+"""The identity of the data a run reads: for each local source (data.path, data.val_path, the
+tokenizer's files) its size and content digest, recorded in every checkpoint and compared when a
+run resumes. Entries are named by config key (and the file's name inside a directory), not by
+absolute path: data moved elsewhere with the same content resumes; changed content does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from launcher.config.data import DataConfig
+from launcher.errors import ConfigError
+from launcher.integrity.digests import cached_digests
+
+ALLOW_KEY = "checkpoint.allow_data_change"
+
+
+def source_files(cfg: DataConfig) -> dict[str, Path]:
+    """{entry name: file} for every local file the data section reads."""
+    named = {"data.path": cfg.path, "data.val_path": cfg.val_path, "data.tokenizer": cfg.tokenizer}
+    found: dict[str, Path] = {}
+    for key, value in named.items():
+        if not value:
+            continue
+        path = Path(value).expanduser()
+        if path.is_file():
+            found[key] = path
+        elif path.is_dir():
+            for file in sorted(path.rglob("*")):
+                if file.is_file() and not file.is_symlink():
+                    found[f"{key}/{file.relative_to(path)}"] = file
+    return found
+
+
+def data_identity(cfg: DataConfig) -> dict[str, dict[str, Any]]:
+    files = source_files(cfg)
+    digests = cached_digests(list(files.values()))
+    return {
+        name: {"path": str(file), "size": file.stat().st_size, "sha256": digests[file]}
+        for name, file in files.items()
+    }
+
+
+def changes(recorded: dict[str, Any], current: dict[str, dict[str, Any]]) -> list[str]:
+    """What differs, one phrase per source, naming its file."""
+    found = []
+    for name, was in sorted(recorded.items()):
+        now = current.get(name)
+        where = was.get("path", name)
+        if now is None:
+            found.append(f"{name} ({where}) is gone")
+        elif now["size"] != was["size"]:
+            found.append(f"{name} ({now['path']}) has {now['size']} bytes, was {was['size']}")
+        elif now["sha256"] != was["sha256"]:
+            found.append(f"{name} ({now['path']}) has the same size but other content")
+    for name in sorted(set(current) - set(recorded)):
+        found.append(f"{name} ({current[name]['path']}) is new")
+    return found
+
+
+def check_data_unchanged(recorded: Any, cfg: DataConfig, checkpoint: Path) -> None:
+    """Refuse to resume `checkpoint` on data other than what it trained on."""
+    if not isinstance(recorded, dict):
+        return  # a checkpoint written before data identity was recorded
+    found = changes(recorded, data_identity(cfg))
+    if found:
+        raise ConfigError(
+            ALLOW_KEY,
+            f"the data changed since {checkpoint} was saved: {'; '.join(found)}. Resuming "
+            "would train on other samples than the ones the run's steps refer to.",
+            "restore the data it was trained on; or, to go on knowingly with the new data, add "
+            f"{ALLOW_KEY}=true.",
+        )

@@ -1,0 +1,118 @@
+"""Data identity and checkpoint checksums (issue 22), in one process: a resume after a token
+file was truncated, a JSONL file replaced or a tokenizer retrained is refused naming the file; a
+byte-for-byte copy resumes; a checkpoint file overwritten in place (same size) is skipped as
+damaged, naming the file; an unchanged file's digest comes from the cache without a read."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from launcher.checkpoint.checkpointer import Checkpointer
+from launcher.checkpoint.files import check_resume, find_checkpoints
+from launcher.config.root import RootConfig
+from launcher.distributed import DistContext
+from launcher.errors import ConfigError
+from launcher.integrity.digests import cached_digests
+from tests.data_sources import train_tokenizer, write_texts, write_tokens
+from tests.harness import build_trainer
+from tests.unit.test_checkpoint import config, ctx, train, warnings_seen
+
+__all__ = ["ctx", "warnings_seen"]  # fixtures
+
+
+def _trained(cfg: RootConfig, ctx: DistContext, run_dir: Path) -> None:
+    """Two steps, a checkpoint after each (the data identity is recorded in both)."""
+    trainer = build_trainer(cfg, ctx, run_dir)
+    checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
+    train(trainer, checkpoints, 2)
+    checkpoints.save_final()
+
+
+def test_changed_data_refuses_the_resume_and_a_copy_resumes(
+    ctx: DistContext, tmp_path: Path
+) -> None:
+    texts = write_texts(tmp_path / "texts.jsonl", 40)
+    tok = train_tokenizer(tmp_path / "tok")
+    hf = {"name": "hf", "path": str(texts), "tokenizer": str(tok), "cache_dir": str(tmp_path)}
+    model = {"seq_len": 16}
+    cfg = config(data=hf, model=model, train={"steps": 2}, checkpoint={"every": 1})
+    _trained(cfg, ctx, tmp_path / "run")
+
+    run = tmp_path / "run"
+    shutil.copyfile(texts, tmp_path / "saved.jsonl")
+    shutil.copytree(tok, tmp_path / "saved_tok")
+    texts.unlink()  # a byte-for-byte copy in its place: another inode and mtime, same bytes
+    shutil.copyfile(tmp_path / "saved.jsonl", texts)
+    check_resume(cfg, run)  # the content decides: resumes
+
+    write_texts(texts, 3)  # the JSONL replaced
+    with pytest.raises(ConfigError) as refused:
+        check_resume(cfg, run)
+    assert f"data.path ({texts})" in str(refused.value)
+    assert "checkpoint.allow_data_change=true" in str(refused.value)
+    shutil.copyfile(tmp_path / "saved.jsonl", texts)
+
+    train_tokenizer(tok, vocab_size=40)  # retrained, saved in the same directory
+    with pytest.raises(ConfigError) as refused:
+        check_resume(cfg, run)
+    assert f"data.tokenizer/tokenizer.json ({tok / 'tokenizer.json'})" in str(refused.value)
+
+    allowed = dataclasses.replace(
+        cfg, checkpoint=dataclasses.replace(cfg.checkpoint, allow_data_change=True)
+    )
+    check_resume(allowed, run)
+    shutil.rmtree(tok)
+    shutil.copytree(tmp_path / "saved_tok", tok)
+    check_resume(cfg, run)
+
+
+def test_a_truncated_token_file_refuses_the_resume(ctx: DistContext, tmp_path: Path) -> None:
+    path = write_tokens(tmp_path / "train.bin", 40 * 17 + 1)
+    cfg = config(data={"name": "tokens", "path": str(path)}, model={"seq_len": 16})
+    _trained(cfg, ctx, tmp_path / "run")
+    check_resume(cfg, tmp_path / "run")
+    with open(path, "r+b") as f:
+        f.truncate(300)
+    with pytest.raises(ConfigError) as refused:
+        check_resume(cfg, tmp_path / "run")
+    assert f"data.path ({path}) has 300 bytes, was {40 * 17 * 2 + 2}" in str(refused.value)
+
+
+def test_a_checkpoint_file_overwritten_in_place_is_skipped_naming_it(
+    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
+) -> None:
+    cfg = config(train={"steps": 2}, checkpoint={"every": 1})
+    _trained(cfg, ctx, tmp_path)
+    newest = find_checkpoints(tmp_path)[0].path
+    damaged = max((newest / "engine").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    size = damaged.stat().st_size
+    with open(damaged, "r+b") as f:  # 64 bytes in the middle (an optimizer moment, say)
+        f.seek(size // 2)
+        f.write(os.urandom(64))
+    assert damaged.stat().st_size == size
+    rel = damaged.relative_to(newest)
+
+    assert [c.step for c in find_checkpoints(tmp_path)] == [1]  # generate, serve, export
+    assert any(f"{rel} does not match the digest" in w for w in warnings_seen)
+    trainer = build_trainer(cfg, ctx, tmp_path)
+    resumed = Checkpointer(cfg, tmp_path, ctx, trainer).resume()
+    assert resumed is not None and resumed.step == 1  # the older one, intact
+
+
+def test_an_unchanged_file_is_not_read_again(tmp_path: Path) -> None:
+    path = write_tokens(tmp_path / "big.bin", 4096)
+    first = cached_digests([path])[path]
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0xFF
+    with open(path, "r+b") as f:  # same size, same inode; mtime put back: the cache answers
+        f.write(data)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert cached_digests([path])[path] == first
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))  # touched: read again
+    assert cached_digests([path])[path] != first
