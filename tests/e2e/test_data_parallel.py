@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import psutil
@@ -54,7 +53,6 @@ def _leftover_workers(run_dir: Path) -> list[psutil.Process]:
 
 def test_a_rank_that_raises_stops_the_job(tmp_path: Path) -> None:
     run_dir = tmp_path / "fails"
-    start = time.monotonic()
     proc = run_launch(
         [
             "train",
@@ -67,14 +65,12 @@ def test_a_rank_that_raises_stops_the_job(tmp_path: Path) -> None:
         ],
         run_dir,
         check=False,
-        timeout=120,
+        timeout=120,  # the deadline: a job that hangs instead of stopping fails here
     )
-    elapsed = time.monotonic() - start
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     assert "rank 1 failed" in output and "raises on purpose" in output
     assert len(read_metrics(run_dir)) < 50
-    assert elapsed < 100  # generous: the point is that it does not hang until a timeout
     assert _leftover_workers(run_dir) == []
 
 

@@ -4,19 +4,16 @@ points."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import shutil
 import signal
 import subprocess
 import textwrap
 import time
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import yaml
 
-from launcher.config.train import DebugConfig
 from launcher.exit_codes import STOPPED_RESUMABLE
 from tests.helpers import FAST, LAUNCH, REPO, read_losses, run_launch
 
@@ -196,10 +193,6 @@ def test_standalone_command_exits_non_zero_when_a_point_failed_or_differs(
     assert "DIFFER" in proc.stdout
 
 
-@pytest.mark.skipif(
-    "raise_at_step" not in {f.name for f in fields(DebugConfig)},
-    reason="needs the debug.raise_at_step test switch",
-)
 def test_a_crashing_in_process_point_does_not_stop_the_sweep(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     run_launch(
@@ -218,10 +211,6 @@ def test_a_crashing_in_process_point_does_not_stop_the_sweep(tmp_path: Path) -> 
     assert "Traceback" in (sweep_dir / "0" / "error.txt").read_text()
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("launcher.worker.stop") is None,
-    reason="needs the graceful stop on SIGTERM (launcher.worker.stop)",
-)
 def test_a_stop_signal_stops_the_whole_sweep_resumably(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     argv = [*LAUNCH, "train", "-m", "batch.grad_accum=1,2", "batch.global_size=8", *FAST]

@@ -1,5 +1,6 @@
-"""The real single-host SLURM cluster (../shared/slurm/start.sh); tests skip when it does not
-answer."""
+"""The real single-host SLURM cluster (../shared/slurm/start.sh). Without one, the tests skip
+with the reason; in CI (CI=true, as .ci/run sets it) they fail instead, so a CI run without SLURM
+coverage is never green."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -71,24 +73,39 @@ def cluster_nodes() -> int:
     return cluster_probe()[0]
 
 
-@pytest.fixture(scope="session")
-def slurm_nodes() -> int:
+START = "SLURM_NODES=2 bash ../shared/slurm/start.sh"
+
+
+def in_ci() -> bool:
+    """CI=true (GitHub, GitLab and .ci/run set it); "", "0" and "false" mean a local run."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+
+
+def missing_cluster(reason: str) -> NoReturn:
+    """No usable cluster: a skip on a workstation, a failure in CI."""
+    if in_ci():
+        pytest.fail(f"CI=true but {reason}: the SLURM tests must run in CI (start: {START})")
+    pytest.skip(f"{reason} (start one: {START})")
+
+
+def require_nodes(wanted: int) -> int:
+    """The nodes up, at least `wanted` of them; else a skip (a failure in CI) with the reason."""
     nodes, why = cluster_probe()
     if not nodes:
-        pytest.skip(
-            f"no SLURM cluster: {why} (start one: SLURM_NODES=2 bash ../shared/slurm/start.sh)"
-        )
+        missing_cluster(f"no SLURM cluster: {why}")
+    if nodes < wanted:
+        missing_cluster(f"needs {wanted} SLURM nodes, the cluster has {nodes}")
     return nodes
 
 
 @pytest.fixture(scope="session")
-def two_nodes(slurm_nodes: int) -> int:
-    if slurm_nodes < 2:
-        pytest.skip(
-            f"needs 2 SLURM nodes, the cluster has {slurm_nodes} (SLURM_NODES=2 bash "
-            "../shared/slurm/start.sh)"
-        )
-    return slurm_nodes
+def slurm_nodes() -> int:
+    return require_nodes(1)
+
+
+@pytest.fixture(scope="session")
+def two_nodes() -> int:
+    return require_nodes(2)
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,19 @@
-"""Submission: job ids, SLURM's own errors, no sbatch, and injection attempts."""
+"""Submission: the planned script rendered once and submitted by the real sbatch, job ids, SLURM's
+own errors, no sbatch, and injection attempts."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_launch
+from launcher import commands
+from launcher.config.root import RootConfig
+from launcher.runners import slurm as slurm_runner
+from tests.goldens import compose_config
+from tests.helpers import read_summary, run_launch
 from tests.slurm.conftest import JOB, cluster_nodes, job_id, job_log
 
 NO_SLURM_PATH = {"PATH": "/nonexistent"}  # `launch` runs as sys.executable; sbatch is not found
@@ -93,3 +99,33 @@ def test_sbatch_error_is_reported_in_slurms_words(slurm_nodes: int, tmp_path: Pa
     out = proc.stdout + proc.stderr
     assert "sbatch refused the job" in out and "partition" in out.lower()
     assert "Traceback" not in out
+
+
+@pytest.mark.slurm
+@pytest.mark.e2e
+def test_train_submits_the_planned_script_once_and_leaves_the_lock_to_the_job(
+    slurm_nodes: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real renderer, the planned sbatch command line, the real cluster. `launch` releases
+    the run directory's lock before it submits: the job's first node takes it (with the lock
+    still held there, the job would fail and this exit status with it)."""
+    renders: list[Path] = []
+    render = slurm_runner.render_sbatch
+
+    def counting_render(cfg: RootConfig, run_dir: Path, verify_only: bool = False) -> str:
+        renders.append(run_dir)
+        return render(cfg, run_dir, verify_only)
+
+    monkeypatch.setattr(slurm_runner, "render_sbatch", counting_render)
+    steps = 2
+    job = [arg for arg in JOB if not arg.startswith("train.steps=")]
+    cfg = compose_config(["cluster=slurm", "cluster.wait=true", f"train.steps={steps}", *job])
+    run_dir = tmp_path / "run"
+    assert commands.train_command(cfg, run_dir) == 0
+    assert renders == [run_dir]
+    planned = json.loads((run_dir / "plan.json").read_text())["command"]
+    assert planned == ["sbatch", "--parsable", "--wait", str(run_dir.resolve() / "train.sbatch")]
+    # --wait: the job had ended when `launch` returned; its log went where the script says.
+    assert read_summary(run_dir)["steps"] == steps
+    [log] = run_dir.glob("slurm-*.out")
+    assert f"#SBATCH --output={log.parent}/slurm-%j.out" in (run_dir / "train.sbatch").read_text()

@@ -8,6 +8,7 @@ import logging
 import os
 import pickle
 from collections.abc import Iterator
+from logging.handlers import BufferingHandler
 from pathlib import Path
 
 import pytest
@@ -254,4 +255,17 @@ def test_a_longer_run_may_resume_with_a_warning(tmp_path: Path) -> None:
     from launcher.config import to_root_config
 
     saved = {"fingerprint": fingerprint(to_root_config({"train": {"steps": 3}})), "engine": "ddp"}
-    check_compatible(saved, to_root_config({"train": {"steps": 5}}), tmp_path)  # no error
+    # Its own handler: "launcher" may not propagate to pytest's (launcher/logs.py).
+    logger, kept = logging.getLogger("launcher.checkpoint"), BufferingHandler(100)
+    logger.addHandler(kept)
+    try:
+        check_compatible(saved, to_root_config({"train": {"steps": 3}}), tmp_path)
+        assert kept.buffer == []  # the same length: nothing to say
+        check_compatible(saved, to_root_config({"train": {"steps": 5}}), tmp_path)  # no error
+    finally:
+        logger.removeHandler(kept)
+    [record] = kept.buffer
+    assert record.levelno == logging.WARNING and record.name == "launcher.checkpoint"
+    text = record.getMessage()
+    assert "train.steps changed from 3 to 5" in text and str(tmp_path) in text
+    assert "schedule is stretched" in text

@@ -3,35 +3,26 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from launcher.config import to_root_config
 from launcher.config.root import RootConfig
-from launcher.config.store import register_configs
-from launcher.engines.ds_config import build_ds_config, ds_config_json
+from launcher.engines.ds_config import build_ds_config
 from launcher.errors import ConfigError
 from launcher.prepare import check_environment
+from tests.goldens import (
+    GOLDEN,
+    ZERO_STAGES,
+    changed_message,
+    ds_config_golden,
+    ds_config_text,
+)
 
 TESTS = Path(__file__).resolve().parents[1]
-CONF = TESTS.parent / "conf"
-GOLDEN = TESTS / "golden"
-# The split the goldens are written for: 16 sequences = dp 2 x grad_accum 2 x micro 4.
-GOLDEN_OVERRIDES = ["parallel.dp=2", "batch.global_size=16", "batch.micro_size=4"]
-
-
-def compose_config(overrides: list[str]) -> RootConfig:
-    """What `launch` composes from conf/ for these overrides."""
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return to_root_config(compose(config_name="config", overrides=overrides))
 
 
 def deepspeed(**sections: dict) -> RootConfig:
@@ -41,20 +32,16 @@ def deepspeed(**sections: dict) -> RootConfig:
     return to_root_config(base)
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", ZERO_STAGES)
 def test_matches_reviewed_golden(stage: int) -> None:
-    """Regenerate after a reviewed change with UPDATE_GOLDEN=1."""
-    cfg = compose_config(["engine=deepspeed", f"engine.zero_stage={stage}", *GOLDEN_OVERRIDES])
-    text = ds_config_json(cfg)
-    path = GOLDEN / f"ds_config_stage{stage}.json"
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.write_text(text)
-    assert text == path.read_text(), f"{path.name} changed; review it, then UPDATE_GOLDEN=1"
+    """Only `python -m tests.goldens --write` rewrites the golden, after a reviewed change."""
+    text, path = ds_config_text(stage), ds_config_golden(stage)
+    assert text == path.read_text(), changed_message(path, text)
 
 
 def test_golden_files_are_readable() -> None:
     paths = sorted(GOLDEN.glob("ds_config_stage*.json"))
-    assert [p.name for p in paths] == [f"ds_config_stage{s}.json" for s in range(4)]
+    assert paths == [ds_config_golden(s) for s in ZERO_STAGES]
     for path in paths:
         text = path.read_text()
         assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n", path.name

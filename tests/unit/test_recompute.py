@@ -190,7 +190,26 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def saved_outside(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    """Tensors autograd saves for backward that reach hooks installed around the model. An
+    offload context inside the model (save_on_cpu) is innermost and would take them first."""
+    seen = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal seen
+        seen += 1
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = token_loss_sum(model(inputs), targets)
+    loss.backward()
+    return seen
+
+
 def test_offload_on_cpu_is_a_notice_logged_once() -> None:
+    """On the CPU, activations already live in host memory: ac.offload installs no offload
+    context (the graph saves what it saves without it) and says so once. That gradients survive
+    an offload is the GPU test's job (test_offload_on_gpu_keeps_gradients)."""
     from launcher.recompute import policies as recompute
 
     recompute._offload_notice.cache_clear()
@@ -201,15 +220,14 @@ def test_offload_on_cpu_is_a_notice_logged_once() -> None:
     try:
         model = tiny_gpt(n_layer=2)
         inputs, targets = batch()
-        _, reference = loss_and_grads(model, inputs, targets)
+        plain = saved_outside(model, inputs, targets)
         apply_recompute(model, AcConfig(policy=AcPolicy.none, offload=True))
-        for _ in range(3):
-            _, grads = loss_and_grads(model, inputs, targets)
+        offloaded = [saved_outside(model, inputs, targets) for _ in range(3)]
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)
-    assert sum("ac.offload" in m for m in records.messages) == 1
-    assert max_rel(grads, reference) == 0.0
+    assert plain > 0 and offloaded == [plain] * 3
+    assert sum("ac.offload=true" in m and "nothing to offload" in m for m in records.messages) == 1
 
 
 @pytest.mark.gpu

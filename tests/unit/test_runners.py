@@ -1,5 +1,6 @@
 """The runner is chosen once from the config; the plan is complete (what `launch plan` shows is
-what `launch train` writes and runs); one `launch train cluster=slurm` renders train.sbatch once."""
+what `launch train` writes and runs). What `launch train cluster=slurm` submits is tested on the
+real cluster (tests/slurm/test_slurm_submit.py), never against a stand-in sbatch."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from launcher.config import to_root_config
 from launcher.config.root import RootConfig
 from launcher.plan import Plan, build_plan
 from launcher.runners import Runner, runner_for
-from launcher.runners import slurm as slurm_runner
 from launcher.runners.inprocess import InProcessRunner
 from launcher.runners.slurm import SlurmRunner
 from launcher.runners.torchrun import TorchrunRunner
@@ -96,40 +96,6 @@ def test_plan_is_the_same_whoever_builds_it(tmp_path: Path) -> None:
     assert first.command[-1] == str(tmp_path.resolve() / "train.sbatch")
 
 
-def _fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An `sbatch` on PATH that records its arguments and prints a job id."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    record = tmp_path / "sbatch_args.txt"
-    script = bin_dir / "sbatch"
-    script.write_text(f'#!/bin/sh\necho "$@" > {record}\necho 4242\n')
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return record
-
-
-def test_train_on_slurm_renders_the_script_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    renders: list[str] = []
-    render = slurm_runner.render_sbatch
-
-    def counting_render(cfg: RootConfig, run_dir: Path) -> str:
-        renders.append(str(run_dir))
-        return render(cfg, run_dir)
-
-    monkeypatch.setattr(slurm_runner, "render_sbatch", counting_render)
-    record = _fake_sbatch(tmp_path, monkeypatch)
-    run_dir = tmp_path / "run"
-    cfg = config(cluster=SLURM, parallel={"dp": 4, "nodes": 2})
-    assert commands.train_command(cfg, run_dir) == 0
-    assert len(renders) == 1
-    # sbatch got the planned command's arguments, on the file the plan wrote
-    planned = json.loads((run_dir / "plan.json").read_text())["command"]
-    assert record.read_text().split() == planned[1:]
-    assert (run_dir / "train.sbatch").read_text().startswith("#!/bin/bash")
-
-
 def test_train_hands_the_plan_to_its_runner(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -197,23 +163,6 @@ def test_in_process_runs_cap_threads_like_torchrun_ranks(
     assert seen == [1] and torch.get_num_threads() == before
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice stands
     assert InProcessRunner().environment(one) == {}
-
-
-def test_a_slurm_submission_leaves_the_lock_to_the_job(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from launcher.lifetime import RunLock
-
-    _fake_sbatch(tmp_path, monkeypatch)
-    run_dir = tmp_path / "run"
-    cfg = config(cluster={**SLURM, "wait": True}, parallel={"dp": 2})
-
-    def run(self: Runner, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
-        RunLock(run_dir).acquire().release()  # as the job's first node does
-        return 0
-
-    monkeypatch.setattr(SlurmRunner, "run", run)
-    assert commands.train_command(cfg, run_dir) == 0
 
 
 def test_blame_names_the_rank_that_died_first(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@ secrets."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -14,39 +13,7 @@ import pytest
 from launcher.config import to_root_config
 from launcher.errors import ConfigError
 from launcher.runners.slurm import render_sbatch, sbatch_argv
-
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-RUN_DIR = Path("/scratch/runs/demo")
-PYTHON = "/opt/venvs/train/bin/python"
-
-CASES: dict[str, dict[str, Any]] = {
-    "1node_cpu": {
-        "cluster": {"name": "slurm", "python": PYTHON},
-        "parallel": {"dp": 2, "nodes": 1},
-    },
-    "2node_gpu": {
-        "cluster": {
-            "name": "slurm",
-            "python": PYTHON,
-            "job_name": "gpt2-124m",
-            "partition": "gpu",
-            "account": "proj42",
-            "qos": "high",
-            "constraint": "a100&ib",
-            "time": "1-12:00:00",
-            "gpus_per_node": 4,
-            "cpus_per_task": 32,
-            "mem": "256G",
-            "signal_seconds": 300,
-            "max_requeues": 5,
-            "port": 29611,
-            "extra_directives": ["--exclusive", "--mail-type=END,FAIL"],
-            "setup": ["module load cuda/12.4", "source /opt/venvs/train/bin/activate"],
-        },
-        "parallel": {"dp": 8, "nodes": 2},
-        "train": {"device": "cuda"},
-    },
-}
+from tests.goldens import PYTHON, RUN_DIR, SBATCH_CASES, changed_message, sbatch_golden, sbatch_text
 
 
 def slurm_config(**sections: Any) -> Any:
@@ -56,20 +23,16 @@ def slurm_config(**sections: Any) -> Any:
     return to_root_config(base)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(SBATCH_CASES))
 def test_golden(case: str) -> None:
-    text = render_sbatch(to_root_config(CASES[case]), RUN_DIR)
-    path = GOLDEN / f"sbatch_{case}.sbatch"
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert text == path.read_text(encoding="utf-8"), (
-        f"rendering changed; UPDATE_GOLDEN=1 rewrites {path}"
-    )
+    """Only `python -m tests.goldens --write` rewrites the golden, after a reviewed change."""
+    text, path = sbatch_text(case), sbatch_golden(case)
+    assert text == path.read_text(encoding="utf-8"), changed_message(path, text)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(SBATCH_CASES))
 def test_script_is_valid_bash(case: str) -> None:
-    text = render_sbatch(to_root_config(CASES[case]), RUN_DIR)
+    text = sbatch_text(case)
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
 
 

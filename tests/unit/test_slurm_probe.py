@@ -6,7 +6,6 @@ suite (about 27 s of skips). A fake sinfo that hangs like that must cost one sho
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,11 +38,9 @@ def test_a_hanging_sinfo_is_probed_once_with_a_short_timeout(
     conf.write_text("ClusterName=none\n")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     monkeypatch.setenv("SLURM_CONF", str(conf))
-    start = time.monotonic()
     assert [slurm.cluster_nodes() for _ in range(3)] == [0, 0, 0]
-    elapsed = time.monotonic() - start
-    assert elapsed < slurm.PROBE_TIMEOUT_S + 2, elapsed
     assert calls.read_text().count("call") == 1  # cached for the session
+    # The probe's timeout ended the wait, not sinfo (which would answer "no node up" after 9 s).
     assert "did not answer within 3 s" in slurm.cluster_probe()[1]
 
 
@@ -67,3 +64,16 @@ def test_nodes_that_answer_are_counted(
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     monkeypatch.setenv("SLURM_CONF", str(conf))
     assert slurm.cluster_probe() == (2, "")
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", "failed"), ("", "skipped"), ("0", "skipped")])
+def test_no_cluster_fails_in_ci_and_skips_elsewhere(
+    ci: str, outcome: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_probe: None
+) -> None:
+    """Issue 25: a CI run without SLURM coverage must not be green."""
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    monkeypatch.setenv("CI", ci)
+    outcomes = {"failed": pytest.fail.Exception, "skipped": pytest.skip.Exception}
+    with pytest.raises(outcomes[outcome]) as info:
+        slurm.require_nodes(1)
+    assert "missing.conf" in str(info.value) and "start.sh" in str(info.value)
