@@ -123,25 +123,30 @@ def export_at_end(cfg: RootConfig, run_dir: Path) -> None:
     export_run(str(run_dir), run_dir / EXPORT_DIR, dataclasses.replace(cfg.export, overwrite=True))
 
 
+def _run_argument(positionals: list[str]) -> str:
+    if len(positionals) == 1:
+        return positionals[0]
+    raise ConfigError(
+        "RUN_DIR_OR_CHECKPOINT",
+        f"expected one run, got {' '.join(positionals) or 'nothing'}.",
+        "launch export RUN_DIR_OR_CHECKPOINT [--output DIR].",
+    )
+
+
 def export_main(argv: list[str]) -> int:
     from launcher.serve.options import parse_argv
 
     setup_logging(0)
+    code = 0
     try:
         line = parse_argv(argv, "export", takes_output=True)
         if line.help:
             print(USAGE, end="")
-            return 0
-        if len(line.positionals) != 1:
-            raise ConfigError(
-                "RUN_DIR_OR_CHECKPOINT",
-                f"expected one run, got {' '.join(line.positionals) or 'nothing'}.",
-                "launch export RUN_DIR_OR_CHECKPOINT [--output DIR].",
-            )
-        export = apply_overrides(ExportConfig(), line.overrides)
-        output = Path(line.output) if line.output else None
-        export_run(line.positionals[0], output, export)
+        else:
+            run = _run_argument(line.positionals)
+            export = apply_overrides(ExportConfig(), line.overrides)
+            export_run(run, Path(line.output) if line.output else None, export)
     except LauncherError as exc:
         get_logger().error(str(exc))
-        return exc.exit_code
-    return 0
+        code = exc.exit_code
+    return code

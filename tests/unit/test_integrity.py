@@ -17,6 +17,7 @@ from launcher.checkpoint.files import check_resume, find_checkpoints
 from launcher.config.root import RootConfig
 from launcher.distributed import DistContext
 from launcher.errors import ConfigError
+from launcher.integrity import digests
 from launcher.integrity.digests import cached_digests
 from tests.data_sources import train_tokenizer, write_texts, write_tokens
 from tests.harness import build_trainer
@@ -104,7 +105,10 @@ def test_a_checkpoint_file_overwritten_in_place_is_skipped_naming_it(
     assert resumed is not None and resumed.step == 1  # the older one, intact
 
 
-def test_an_unchanged_file_is_not_read_again(tmp_path: Path) -> None:
+def test_an_unchanged_file_is_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAUNCHER_CACHE_DIR", str(tmp_path / "cache"))
     path = write_tokens(tmp_path / "big.bin", 4096)
     first = cached_digests([path])[path]
     stat = path.stat()
@@ -113,6 +117,7 @@ def test_an_unchanged_file_is_not_read_again(tmp_path: Path) -> None:
     with open(path, "r+b") as f:  # same size, same inode; mtime put back: the cache answers
         f.write(data)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    digests._seen.clear()  # as in a new process: only the cache file knows the digest
     assert cached_digests([path])[path] == first
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))  # touched: read again
     assert cached_digests([path])[path] != first
