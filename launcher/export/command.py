@@ -61,22 +61,22 @@ def apply_overrides(export: ExportConfig, overrides: dict[str, str]) -> ExportCo
 
 def export_run(argument: str, output: Path | None, export: ExportConfig) -> Path:
     """Export the checkpoint `argument` names; the directory written."""
-    from launcher.serve.load import find_checkpoint, load_run
+    from launcher.serve.load import find_checkpoint, load_model
 
     run_dir, _ = find_checkpoint(argument)
     target = (output or run_dir / EXPORT_DIR).expanduser().absolute()
     check_output(target, export.overwrite)  # before any weight is read
     started = time.perf_counter()
-    run = load_run(argument, torch.device("cpu"))
+    cfg, model, checkpoint = load_model(argument, torch.device("cpu"))
     tmp = temporary_sibling(target)
     try:
-        _write(run.cfg, run.model, run.checkpoint.path, run.checkpoint.step, tmp, export)
+        _write(cfg, model, checkpoint.path, checkpoint.step, tmp, export)
         commit(tmp, target, export.overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info(
-        f"exported {run.checkpoint.path} (step {run.checkpoint.step}, {export.dtype}) to "
+        f"exported {checkpoint.path} (step {checkpoint.step}, {export.dtype}) to "
         f"{target} in {time.perf_counter() - started:.1f}s"
     )
     return target

@@ -58,12 +58,25 @@ def find_checkpoint(argument: str) -> tuple[Path, Checkpoint]:
     return run_dir, checkpoint
 
 
+def load_model(argument: str, device: torch.device) -> tuple[RootConfig, nn.Module, Checkpoint]:
+    """The run's config, its model (eval mode, fp32, on `device`) with the checkpoint's weights,
+    and the checkpoint: what export needs, for any data source (token files have no tokenizer)."""
+    run_dir, checkpoint = find_checkpoint(argument)
+    cfg = load_config_file(run_dir / CONFIG_FILE)
+    return cfg, _model_of(cfg, checkpoint, device), checkpoint
+
+
 def load_run(argument: str, device: torch.device) -> LoadedRun:
-    """The model (eval mode, fp32, on `device`) and tokenizer of a run's checkpoint."""
+    """The model and tokenizer of a run's checkpoint (the tokenizer first: a run without one is
+    refused before its weights are read)."""
     run_dir, checkpoint = find_checkpoint(argument)
     cfg = load_config_file(run_dir / CONFIG_FILE)
     codec = codec_for(cfg.data)
+    return LoadedRun(cfg, _model_of(cfg, checkpoint, device), codec, checkpoint)
+
+
+def _model_of(cfg: RootConfig, checkpoint: Checkpoint, device: torch.device) -> nn.Module:
     with torch.device("cpu"):
         model = build_model(cfg.model)
     load_weights(model, checkpoint, cfg)
-    return LoadedRun(cfg, model.float().to(device).eval(), codec, checkpoint)
+    return model.float().to(device).eval()

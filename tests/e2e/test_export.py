@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.data_sources import train_tokenizer, write_texts
+from tests.data_sources import train_tokenizer, write_texts, write_tokens
 from tests.helpers import REPO, read_losses, run_launch
 
 pytest.importorskip("transformers")
@@ -165,11 +165,12 @@ def test_a_run_started_from_an_export_begins_at_its_loss(kind: str, tmp_path: Pa
 def test_a_target_model_export_rebuilds_with_instantiate_and_a_strict_load(
     tmp_path: Path,
 ) -> None:
+    """Trained on a token file, which has no tokenizer: export needs none."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
     from safetensors.torch import load_file
 
-    from launcher.serve.load import load_run
+    from launcher.serve.load import load_model
 
     run = tmp_path / "run"
     model = [
@@ -179,7 +180,8 @@ def test_a_target_model_export_rebuilds_with_instantiate_and_a_strict_load(
         "+model.n_layer=2",
         "model.seq_len=16",
     ]
-    run_launch(["train", *model, *_one_batch_text(tmp_path / "t.txt"), "train.steps=1"], run)
+    tokens = write_tokens(tmp_path / "train.bin", 2000)
+    run_launch(["train", *model, "data=tokens", f"data.path={tokens}", "train.steps=1"], run)
     run_launch(["export", str(run)])
     rebuilt = instantiate(OmegaConf.load(run / "export" / "model.yaml"))
     rebuilt.load_state_dict(load_file(str(run / "export" / "model.safetensors")), strict=True)
@@ -187,7 +189,7 @@ def test_a_target_model_export_rebuilds_with_instantiate_and_a_strict_load(
     with torch.no_grad():
         torch.testing.assert_close(
             rebuilt.eval()(ids),
-            load_run(str(run), torch.device("cpu")).model(ids),
+            load_model(str(run), torch.device("cpu"))[1](ids),
             rtol=0,
             atol=0,
         )
