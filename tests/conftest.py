@@ -3,6 +3,13 @@ from __future__ import annotations
 import os
 import tempfile
 
+# One intra-op thread for this process and every `launch` it starts (set before torch is
+# imported): the tests' models are tiny, and on a busy 2-core machine two threads mostly wait on
+# each other (20 steps of the tiny model measured 77 s of training with 2 threads, 5.5 s with 1).
+# The runner's own default is tested with the variable unset (tests/unit/test_runners.py), and
+# the contract snapshots drop it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest
 import torch
 
