@@ -1,7 +1,19 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+
+# One intra-op thread for this process and every `launch` it starts (set before torch is
+# imported): the tests' models are tiny, and on a busy 2-core machine two threads mostly wait on
+# each other (20 steps of the tiny model measured 77 s of training with 2 threads, 5.5 s with 1).
+# The runner's own default is tested with the variable unset (tests/unit/test_runners.py), and
+# the contract snapshots drop it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+# DeepSpeed compiles its CPU shared-memory op (deepspeed_shm_comm) on the first multi-rank run,
+# into one directory per user by default; environments with other paths (several checkouts,
+# several venvs) rebuild it over each other's build, minutes each time. One per environment.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 import pytest
 import torch

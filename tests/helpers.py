@@ -21,6 +21,9 @@ FAST = [
     "data.eval_problems=16",
     "wandb.mode=disabled",
 ]
+# The run that generate and serve tests read (tests/e2e/conftest.py: trained once per session):
+# the tiny model, 20 steps, one rank, a DCP checkpoint at the end.
+TRAINED = ["train", *FAST, "train.steps=20"]
 
 
 def run_launch(

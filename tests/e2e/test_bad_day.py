@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,13 +40,23 @@ def errors(proc: subprocess.CompletedProcess[str]) -> list[str]:
 # --- item 10: damaged checkpoints are never silently restarted over -----------------------------
 
 
+CHECKPOINTED = [*SMALL, "train.steps=4", "checkpoint.every=2"]
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run with checkpoints at steps 2 and 4, trained once; each test damages a copy."""
+    run_dir = tmp_path_factory.mktemp("checkpointed") / "run"
+    run_launch(CHECKPOINTED, run_dir, env=ENV)
+    return run_dir
+
+
 @pytest.mark.parametrize("damage", ["truncated", "unloadable"])
 def test_when_no_checkpoint_can_be_resumed_launch_refuses_and_keeps_them(
-    damage: str, tmp_path: Path
+    damage: str, checkpointed: Path, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    args = [*SMALL, "train.steps=4", "checkpoint.every=2"]
-    run_launch(args, run_dir, env=ENV)
+    shutil.copytree(checkpointed, run_dir)
     root = run_dir / "checkpoints"
     for ckpt in sorted(root.glob("step_*")):
         if damage == "truncated":  # `launch` sees it against complete.json, before any rank
@@ -56,7 +67,7 @@ def test_when_no_checkpoint_can_be_resumed_launch_refuses_and_keeps_them(
             metadata.write_bytes(b"\0" * metadata.stat().st_size)
     before, metrics = snapshot(root), (run_dir / "metrics.jsonl").read_text()
 
-    proc = run_launch(args, run_dir, env=ENV, check=False)
+    proc = run_launch(CHECKPOINTED, run_dir, env=ENV, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     [line] = [e for e in errors(proc) if "train.resume" in e]
     assert "step_2 (" in line and "step_4 (" in line and "none can be resumed" in line
@@ -66,7 +77,8 @@ def test_when_no_checkpoint_can_be_resumed_launch_refuses_and_keeps_them(
     assert (run_dir / "metrics.jsonl").read_text() == metrics  # no second history appended
 
     # The explicit way to start over.
-    run_launch([*args, "train.resume=never", "checkpoint.overwrite=true"], run_dir, env=ENV)
+    start_over = ["train.resume=never", "checkpoint.overwrite=true"]
+    run_launch([*CHECKPOINTED, *start_over], run_dir, env=ENV)
     assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3, 4]
 
 

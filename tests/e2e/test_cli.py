@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -84,18 +85,18 @@ def test_bad_override_fails_before_anything_runs(
 def test_default_job_writes_every_output(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     out = run_launch(
-        ["train", "train.steps=30", "train.log_every=10", "wandb.mode=disabled"], run_dir
+        ["train", "train.steps=10", "train.log_every=5", "wandb.mode=disabled"], run_dir
     ).stdout
-    assert "step 30/30" in out and "done: 30 steps" in out
+    assert "step 10/10" in out and "done: 10 steps" in out
     for name in ("config.yaml", "plan.json", "metrics.jsonl", "summary.json"):
         assert (run_dir / name).exists(), name
     metrics = read_metrics(run_dir)
-    assert [m["step"] for m in metrics] == list(range(1, 31))
+    assert [m["step"] for m in metrics] == list(range(1, 11))
     assert all(m.keys() >= METRIC_KEYS for m in metrics)
     assert metrics[-1]["loss"] < metrics[0]["loss"]
     summary = read_summary(run_dir)
     assert summary.keys() >= SUMMARY_KEYS
-    assert summary["steps"] == 30 and summary["world_size"] == 1
+    assert summary["steps"] == 10 and summary["world_size"] == 1
     assert 0.0 <= summary["eval_accuracy"] <= 1.0
 
 
@@ -112,9 +113,9 @@ def test_micro_batch_split_gives_the_same_curve(tmp_path: Path) -> None:
     assert max_rel_diff(curves[4], curves[16]) < 1e-5
 
 
-def test_plan_never_touches_a_run_that_has_started(tmp_path: Path) -> None:
+def test_plan_never_touches_a_run_that_has_started(trained_run: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    run_launch(["train", "train.steps=2", *FAST], run_dir)
+    shutil.copytree(trained_run, run_dir)  # a run that has trained, shared with other tests
     config_before = (run_dir / "config.yaml").read_text()
     proc = run_launch(["plan", "train.steps=4", *FAST], run_dir, check=False)
     assert proc.returncode == 2 and "hydra.run.dir" in proc.stderr

@@ -18,7 +18,7 @@ import torch
 
 from launcher.config.serve import ServeConfig
 from tests.harness import free_port
-from tests.helpers import FAST, LAUNCH, REPO, run_launch
+from tests.helpers import LAUNCH, REPO
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -28,10 +28,8 @@ CLIENTS, REQUESTS = 8, 30
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = tmp_path_factory.mktemp("serve") / "run"
-    run_launch(["train", *FAST, "train.steps=20"], run_dir)
-    return run_dir
+def run(trained_run: Path) -> Path:
+    return trained_run
 
 
 def _request(i: int) -> dict[str, Any]:
