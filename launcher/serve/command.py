@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,8 @@ def generate_main(argv: list[str]) -> int:
         apply_overrides(ServeConfig(), line.overrides, "generate")  # keys and types, early
         find_checkpoint(run_arg)  # a missing run is named before the prompts are read
         lines = read_prompts(prompts_arg)
+        if line.output == "-":
+            line.output = None  # `-`: stdout
         if line.output:
             _check_output(Path(line.output).expanduser())  # before the model loads
         run = load_run(run_arg, _device("cpu"))
@@ -99,9 +102,26 @@ def generate_main(argv: list[str]) -> int:
     return 0
 
 
+def _replaceable(path: Path) -> bool:
+    """True for a regular file or a new path: written as FILE.partial and renamed over it. A
+    character device (/dev/null), a FIFO, a socket or /dev/stdout is written in place: renaming
+    over one would replace a device node with a file (as root, for every process on the machine).
+    """
+    try:
+        return stat.S_ISREG(path.stat().st_mode)  # follows links: /dev/stdout -> the fd's node
+    except FileNotFoundError:
+        return not path.is_symlink()  # a dangling link is not ours to replace
+    except OSError:
+        return False
+
+
 def _check_output(path: Path) -> None:
     if path.is_dir():
         raise ConfigError("--output", f"{path} is a directory.", "give a file path.")
+    if path.exists() and not _replaceable(path):
+        if not os.access(path, os.W_OK):
+            raise ConfigError("--output", f"{path} is not writable.", "give a writable path.")
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -113,12 +133,18 @@ def _check_output(path: Path) -> None:
 
 
 def _generate_to_file(engine: Any, requests: Any, path: Path, generate: Any) -> None:
-    """Into FILE.partial, renamed to FILE when every request is answered: an interrupted run
-    never leaves a truncated FILE (nor destroys the one that was there)."""
-    partial = path.with_name(path.name + ".partial")
+    """A regular file: into FILE.partial, renamed to FILE when every request is answered (an
+    interrupted run never leaves a truncated FILE, nor destroys the one that was there); through
+    a link, the file it names is replaced and the link kept. Anything else is written in place."""
+    if not _replaceable(path):
+        with open(path, "w", encoding="utf-8") as out:
+            generate(engine, requests, out)
+        return
+    target = Path(os.path.realpath(path))
+    partial = target.with_name(target.name + ".partial")
     with open(partial, "w", encoding="utf-8") as out:
         generate(engine, requests, out)
-    os.replace(partial, path)
+    os.replace(partial, target)
 
 
 def serve_main(argv: list[str]) -> int:
