@@ -28,8 +28,9 @@ class Adapter(Protocol):
     context: int
     """Positions a request may use (prompt and generated tokens, the last not fed back)."""
 
-    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
-        """Run a new request's prompt into `slot`; the logits (vocab,) after its last token."""
+    def prefill(self, slot: int, ids: list[int], every: bool = False) -> torch.Tensor:
+        """Run a new request's prompt into `slot`; the logits (vocab,) after its last token, or
+        (every=True) after each of its tokens, (len(ids), vocab)."""
         ...
 
     def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:
@@ -56,10 +57,11 @@ class GPTAdapter:
         slot_ids = torch.tensor(slots, dtype=torch.long, device=self.device)
         return self.model(ids, self.cache, slot_ids, positions)
 
-    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
+    def prefill(self, slot: int, ids: list[int], every: bool = False) -> torch.Tensor:
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
         positions = torch.arange(len(ids), device=self.device)[None]
-        return self._run(tokens, [slot], positions)[0, -1]
+        logits = self._run(tokens, [slot], positions)[0]
+        return logits if every else logits[-1]
 
     def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
@@ -97,15 +99,16 @@ class HFAdapter:
         output = self.model(input_ids=tokens, use_cache=True, **cache)
         logits = logits_of(output)
         assert logits is not None
-        return logits[0, -1]
+        return logits[0]
 
-    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
+    def prefill(self, slot: int, ids: list[int], every: bool = False) -> torch.Tensor:
         self.caches[slot] = self.new_cache(config=getattr(self.model, "config", None))
-        return self._forward(slot, ids)
+        logits = self._forward(slot, ids)
+        return logits if every else logits[-1]
 
     def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:
         del positions  # the model's cache knows its length
-        return torch.stack([self._forward(s, [t]) for s, t in zip(slots, tokens, strict=True)])
+        return torch.stack([self._forward(s, [t])[-1] for s, t in zip(slots, tokens, strict=True)])
 
 
 class RecomputeAdapter:
@@ -115,20 +118,30 @@ class RecomputeAdapter:
         self.model, self.device, self.context = model, device, context
         self.sequences: list[list[int]] = [[] for _ in range(slots)]
 
-    def _last_logits(self, slot: int) -> torch.Tensor:
+    def _logits(self, slot: int) -> torch.Tensor:
         ids = torch.tensor([self.sequences[slot]], dtype=torch.long, device=self.device)
         logits = logits_of(self.model(ids))
         assert logits is not None
-        return logits[0, -1]
+        return logits[0]
 
-    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
+    def prefill(self, slot: int, ids: list[int], every: bool = False) -> torch.Tensor:
         self.sequences[slot] = list(ids)
-        return self._last_logits(slot)
+        logits = self._logits(slot)
+        return logits if every else logits[-1]
 
     def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:
         for slot, token in zip(slots, tokens, strict=True):
             self.sequences[slot].append(token)
-        return torch.stack([self._last_logits(s) for s in slots])
+        return torch.stack([self._logits(s)[-1] for s in slots])
+
+
+def vocab_of(model: nn.Module) -> int | None:
+    """The model's vocabulary size, where it says (token-id prompts are checked against it)."""
+    for config in (getattr(model, "config", None), getattr(model, "cfg", None)):
+        size = getattr(config, "vocab_size", None)
+        if isinstance(size, int):
+            return size
+    return None
 
 
 def adapter_for(

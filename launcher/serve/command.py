@@ -87,8 +87,13 @@ def generate_main(argv: list[str]) -> int:
             line.output = None  # `-`: stdout
         if line.output:
             _check_output(Path(line.output).expanduser())  # before the model loads
+        threads = apply_thread_rule()
         run = load_run(run_arg, _device("cpu"))
         serve, device_name = apply_overrides(run.cfg.serve, line.overrides, "generate")
+        get_logger().info(
+            f"generating {len(lines)} prompts from {run.checkpoint.path} ({serve.slots} slots, "
+            f"{threads} CPU threads)"
+        )
         device = _device(device_name)
         run.model.to(device)
         engine = build_engine(run, serve, device)
@@ -156,15 +161,36 @@ def serve_main(argv: list[str]) -> int:
             return 0
         (run_arg,) = _positionals(line, ["RUN_DIR_OR_CHECKPOINT"], SERVE_USAGE)
         _require_serve_extra()
+        from launcher.config.load import load_config_file
+        from launcher.rundir import CONFIG_FILE
+        from launcher.serve.lifecycle import bind
         from launcher.serve.load import find_checkpoint, load_run
 
         apply_overrides(ServeConfig(), line.overrides, "serve")
-        find_checkpoint(run_arg)
+        run_dir, _ = find_checkpoint(run_arg)
+        early, _ = apply_overrides(
+            load_config_file(run_dir / CONFIG_FILE).serve, line.overrides, "serve"
+        )
+        sock = bind(early.host, early.port)  # a port in use is named before the model loads
+        threads = apply_thread_rule()
         run = load_run(run_arg, _device("cpu"))
         serve, device_name = apply_overrides(run.cfg.serve, line.overrides, "serve")
-        return _serve(run, serve, _device(device_name), run_arg)
+        name = serve.model_name or run_dir.name
+        return _serve(run, serve, _device(device_name), name, sock, threads)
     except LauncherError as exc:
         return _refused(exc)
+
+
+def apply_thread_rule() -> int:
+    """Training's rule (launcher/runners/local.py): OMP_NUM_THREADS when set, else this
+    machine's cores for the one process; a loaded machine's default threads oversubscribe."""
+    import torch
+
+    from launcher.runners.local import local_cpu_count
+
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or local_cpu_count()
+    torch.set_num_threads(max(1, threads))
+    return torch.get_num_threads()
 
 
 def _require_serve_extra() -> None:
@@ -180,20 +206,22 @@ def _require_serve_extra() -> None:
         ) from None
 
 
-def _serve(run: Any, serve: Any, device: Any, name: str) -> int:
+def _serve(run: Any, serve: Any, device: Any, name: str, sock: Any, threads: int) -> int:
     import uvicorn
 
+    from launcher.serve.adapters import vocab_of
     from launcher.serve.generate import build_engine, prompt_limit
+    from launcher.serve.lifecycle import DrainingServer
     from launcher.serve.server import ServeState, create_app
     from launcher.serve.worker import EngineThread
 
     run.model.to(device)
     engine = build_engine(run, serve, device, queue=serve.queue)
     worker = EngineThread(engine)
-    state = ServeState(worker, run.codec, serve, prompt_limit(serve, engine.context), name)
-    app = create_app(state)
-    config = uvicorn.Config(app, host=serve.host, port=serve.port, log_level="warning")
-    server = uvicorn.Server(config)
+    limit = prompt_limit(serve, engine.context)
+    state = ServeState(worker, run.codec, serve, limit, name, vocab=vocab_of(run.model))
+    config = uvicorn.Config(create_app(state), log_level="warning", timeout_keep_alive=5)
+    server = DrainingServer(config, state)
     # uvicorn re-raises the signal that stopped it once it is done; these handlers make that
     # a no-op, so a graceful stop exits 0 instead of dying by the signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -201,26 +229,20 @@ def _serve(run: Any, serve: Any, device: Any, name: str) -> int:
     worker.start()
     log = get_logger()
     log.info(
-        f"serving {run.checkpoint.path} on http://{serve.host}:{serve.port} "
-        f"({serve.slots} slots, queue {serve.queue}); POST /v1/completions, GET /health"
+        f"serving {run.checkpoint.path} as {name!r} on http://{serve.host}:{serve.port} "
+        f"({serve.slots} slots, queue {serve.queue}, {threads} CPU threads); "
+        "POST /v1/completions /v1/chat/completions, GET /v1/models /health"
     )
     try:
-        server.run()
-    except SystemExit:  # uvicorn exits when it cannot listen; say it in our one line below
-        pass
+        server.run(sockets=[sock])
     finally:
         state.accepting = False
         worker.stop()
     if worker.error is not None:
         log.error(f"the engine failed: {type(worker.error).__name__}: {worker.error}")
         return 1
-    if server.force_exit:  # a second Ctrl-C: uvicorn dropped the open connections
-        log.warning("stopped at once (a second Ctrl-C): requests still open were not answered.")
+    if server.force_exit:  # a second signal: uvicorn dropped the open connections
+        log.warning("stopped at once (a second signal): requests still open were not answered.")
         return ABORTED
-    if not server.started:
-        log.error(
-            f"could not listen on {serve.host}:{serve.port} (in use, or not an address here)."
-        )
-        return CONFIG_ERROR
     log.info("stopped: every request held was answered.")
     return 0
