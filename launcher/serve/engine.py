@@ -90,6 +90,8 @@ class Engine:
         self.lock = threading.Lock()
         self.tokens_generated = 0
         self.steps = 0
+        self.cancelled = 0
+        """Requests dropped because nobody waited for them any more."""
 
     @property
     def context(self) -> int:
@@ -217,6 +219,7 @@ class Engine:
         return True
 
     def _retire(self, slot: int | None, request: Request, reason: str) -> None:
+        self.cancelled += reason == "cancelled"
         if slot is not None:
             del self.active[slot]
             self.generators.pop(slot, None)

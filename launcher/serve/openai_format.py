@@ -28,6 +28,8 @@ def usage(job: Job, requests: list[Request]) -> dict[str, int]:
 def _kept(codec: Codec, request: Request) -> list[Scored]:
     """The scores of the tokens the returned text holds (a stop string cuts the text)."""
     scores, text = request.output_scores, request.text or ""
+    if codec.decode(request.output_ids) == text:
+        return scores
     for count in range(len(scores) + 1):
         if len(codec.decode(request.output_ids[:count])) >= len(text):
             return scores[:count]
@@ -41,8 +43,9 @@ def _logprobs(codec: Codec, scores: list[Scored], offset: int) -> dict[str, Any]
         if s.logprob is None:
             top.append(None)
             continue
-        alternatives = {codec.token_text(t): lp for t, lp in s.top}
-        alternatives.setdefault(codec.token_text(s.token), s.logprob)
+        alternatives: dict[str, float] = {}
+        for token, logprob in ((s.token, s.logprob), *s.top):  # two tokens of one text: the first
+            alternatives.setdefault(codec.token_text(token), logprob)
         top.append(alternatives)
     offsets = []
     for text in tokens:

@@ -119,11 +119,8 @@ def _failure(state: ServeState, requests: list[Request]) -> JSONResponse | None:
     return None
 
 
-async def _stream(
-    state: ServeState, job: Job, requests: list[Request], chat: bool, ident: str
-) -> AsyncIterator[bytes]:
-    """The events of every choice as tokens arrive; the requests are cancelled if the client
-    goes away (the generator is closed)."""
+def _wire_stream(requests: list[Request]) -> "asyncio.Queue[tuple[int, bool]]":
+    """(choice, finished) events from the engine's thread, for each token and each end."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[int, bool]] = asyncio.Queue()
     for index, request in enumerate(requests):
@@ -133,10 +130,23 @@ async def _stream(
         request.on_done = lambda _r, i=index: _threadsafe(
             loop, lambda: events.put_nowait((i, True))
         )
+    return events
+
+
+async def _stream(
+    state: ServeState,
+    job: Job,
+    requests: list[Request],
+    events: "asyncio.Queue[tuple[int, bool]]",
+    chat: bool,
+    ident: str,
+) -> AsyncIterator[bytes]:
+    """The events of every choice as tokens arrive. If the client goes away the generator is
+    closed, and the requests are cancelled."""
     texts = [fmt.StreamText(state.codec, job.stop) for _ in requests]
     name = state.model_name
+    state.inflight += 1  # the stream outlives its handler
     try:
-        _submit(state, requests)
         if chat:
             for index in range(len(requests)):
                 yield fmt.event(fmt.chunk(chat, name, ident, index, None, None))
@@ -155,13 +165,14 @@ async def _stream(
                 yield fmt.event({"error": {"message": message, "type": "server_error"}})
                 return
             rest = texts[index].finish(request.text or "")
-            if (rest and not chat) or rest:
+            if rest:
                 yield fmt.event(fmt.chunk(chat, name, ident, index, rest, None))
             yield fmt.event(fmt.chunk(chat, name, ident, index, "", request.finish_reason))
         if job.include_usage:
             yield fmt.event(fmt.usage_chunk(chat, name, ident, fmt.usage(job, requests)))
         yield fmt.event("[DONE]")
     finally:
+        state.inflight -= 1
         for request in requests:
             request.cancelled = True  # a no-op for those already done
 
@@ -181,11 +192,10 @@ def _routes(app: FastAPI, state: ServeState) -> None:
                 return busy(SHUTTING_DOWN)
             requests = job.requests()
             if job.stream:
-                stream = _stream(state, job, requests, chat, ident)
-                first = await anext(stream)  # a full queue is still a plain 503
-                return StreamingResponse(
-                    _prepend(first, stream, state), media_type="text/event-stream"
-                )
+                events = _wire_stream(requests)
+                _submit(state, requests)  # a full queue is still a plain 503
+                stream = _stream(state, job, requests, events, chat, ident)
+                return StreamingResponse(stream, media_type="text/event-stream")
             if not await _answer(state, http, requests):
                 return error(400, "the client went away.")
             failed = _failure(state, requests)
@@ -206,19 +216,6 @@ def _routes(app: FastAPI, state: ServeState) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(http: HttpRequest) -> Any:
         return await handle(http, chat=True)
-
-
-async def _prepend(
-    first: bytes, rest: AsyncIterator[bytes], state: ServeState
-) -> AsyncIterator[bytes]:
-    state.inflight += 1  # the stream outlives its handler
-    try:
-        yield first
-        async for item in rest:
-            yield item
-    finally:
-        state.inflight -= 1
-        await rest.aclose()  # type: ignore[attr-defined]
 
 
 def create_app(state: ServeState) -> FastAPI:
@@ -245,6 +242,7 @@ def create_app(state: ServeState) -> FastAPI:
             "active": len(engine.active),
             "waiting": len(engine.waiting),
             "queue": state.serve.queue,
+            "cancelled": engine.cancelled,
         }
 
     @app.get("/v1/models")
