@@ -77,8 +77,9 @@ def _logprobs_of(model: Any, ids: list[int]) -> torch.Tensor:
     from launcher.models.output import logits_of
 
     with torch.no_grad():
-        logits = logits_of(model.model(torch.tensor([ids])))[0].float()
-    rows = torch.log_softmax(logits, dim=-1)
+        logits = logits_of(model.model(torch.tensor([ids])))
+    assert logits is not None
+    rows = torch.log_softmax(logits[0].float(), dim=-1)
     return rows[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
 
 
@@ -186,7 +187,9 @@ def test_every_unsupported_parameter_is_refused(client: Any, run: Path) -> None:
             client.completions.create(model=run.name, prompt=PROMPT, **extra)
         assert refused.value.body["param"] == param, param
     messages = [{"role": "user", "content": "hi"}]
-    for param, extra in [("logprobs", {"logprobs": True}), ("tools", {"tools": []})]:
+    chat_refused: list[tuple[str, dict[str, Any]]] = [("logprobs", {"logprobs": True})]
+    chat_refused.append(("tools", {"tools": []}))
+    for param, extra in chat_refused:
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(model=run.name, messages=messages, **extra)
         assert refused.value.body["param"] == param, param
