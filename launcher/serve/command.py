@@ -32,13 +32,14 @@ overrides: serve.slots serve.max_new_tokens serve.temperature serve.top_k serve.
 SERVE_USAGE = """\
 usage: launch serve RUN_DIR_OR_CHECKPOINT [overrides]
 
-An HTTP server on a run's checkpoint: POST /v1/completions (OpenAI completions shape), GET
-/health. Needs the serve extra: pip install 'launcher[serve]'. SIGTERM or Ctrl-C: finish the
-requests held, then exit 0; a second Ctrl-C stops at once (exit 130).
+An OpenAI-compatible server on a run's checkpoint: POST /v1/completions and
+/v1/chat/completions (streaming too), GET /v1/models and /health (docs/serve.md has the table).
+Needs the serve extra: pip install 'launcher[serve]'. SIGTERM or Ctrl-C: answer new requests
+503, finish the requests held, then exit 0; a second signal stops at once (exit 130).
 
 overrides: serve.host serve.port serve.slots serve.queue serve.max_new_tokens
            serve.max_prompt_tokens serve.temperature serve.top_k serve.top_p serve.seed
-           train.device=auto|cpu|cuda
+           serve.model_name serve.max_body_bytes train.device=auto|cpu|cuda
 """
 
 SERVE_INSTALL = "pip install 'launcher[serve]'"
