@@ -91,9 +91,10 @@ def generate_main(argv: list[str]) -> int:
         threads = apply_thread_rule()
         run = load_run(run_arg, _device("cpu"))
         serve, device_name = apply_overrides(run.cfg.serve, line.overrides, "generate")
-        get_logger().info(
+        print(  # stderr: stdout is the output
             f"generating {len(lines)} prompts from {run.checkpoint.path} ({serve.slots} slots, "
-            f"{threads} CPU threads)"
+            f"{threads} CPU threads)",
+            file=sys.stderr,
         )
         device = _device(device_name)
         run.model.to(device)
