@@ -91,15 +91,15 @@ def generate_main(argv: list[str]) -> int:
         threads = apply_thread_rule()
         run = load_run(run_arg, _device("cpu"))
         serve, device_name = apply_overrides(run.cfg.serve, line.overrides, "generate")
+        device = _device(device_name)
+        run.model.to(device)
+        engine = build_engine(run, serve, device)
+        requests = to_requests(lines, run, serve, prompt_limit(serve, engine.context))
         print(  # stderr: stdout is the output
             f"generating {len(lines)} prompts from {run.checkpoint.path} ({serve.slots} slots, "
             f"{threads} CPU threads)",
             file=sys.stderr,
         )
-        device = _device(device_name)
-        run.model.to(device)
-        engine = build_engine(run, serve, device)
-        requests = to_requests(lines, run, serve, prompt_limit(serve, engine.context))
         if line.output:
             _generate_to_file(engine, requests, Path(line.output).expanduser(), generate)
         else:

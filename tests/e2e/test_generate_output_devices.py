@@ -44,3 +44,22 @@ def test_fifo_and_character_device_are_written_in_place(run: Path, tmp_path: Pat
     assert generate_main([str(run), str(prompts), "--output", str(null)]) == 0
     assert stat.S_ISCHR(null.stat().st_mode) and null.stat().st_rdev == device
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "null", "p.jsonl"]
+
+
+def test_inputs_that_once_raised_are_exit_2_naming_the_line(
+    run: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from launcher.serve.command import generate_main
+
+    good = '{"prompt": "the cat"}\n'
+    cases = {
+        "surrogate": (good + '{"prompt": "ab\\ud800|"}\n', "line 2 holds a lone surrogate"),
+        "deep": (good * 2 + "[" * 100_000 + "]" * 100_000 + "\n", "line 3 nests too deep"),
+    }
+    capfd.readouterr()
+    for name, (text, words) in cases.items():
+        prompts = tmp_path / f"{name}.jsonl"
+        prompts.write_text(text)
+        assert generate_main([str(run), str(prompts)]) == 2, name
+        err = capfd.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], (name, err)
