@@ -115,17 +115,31 @@ class HFAdapter:
     def _store(self, slot: int, cache: Any) -> None:
         """The prompt's keys and values into the slot's buffers (allocated on first use)."""
         layers = cache.layers
+        n = layers[0].keys.shape[2]
         if not self.keys:
             for layer in layers:
                 heads, dim = layer.keys.shape[1], layer.keys.shape[3]
-                shape = (self.slots, heads, min(self.context, 1 << 16), dim)
+                shape = (self.slots, heads, 64, dim)
                 self.keys.append(layer.keys.new_zeros(shape))
                 self.values.append(layer.values.new_zeros(shape))
-        n = layers[0].keys.shape[2]
+        self._reserve(n + 1)
         for i, layer in enumerate(layers):
             self.keys[i][slot, :, :n] = layer.keys[0]
             self.values[i][slot, :, :n] = layer.values[0]
         self.lengths[slot] = n
+
+    def _reserve(self, positions: int) -> None:
+        """Room for `positions` per slot: the buffers double as the longest request grows (a
+        long context costs memory only when a request uses it)."""
+        have = self.keys[0].shape[2]
+        if positions <= have:
+            return
+        size = max(positions, 2 * have)
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                grown = old.new_zeros((*old.shape[:2], size, old.shape[3]))
+                grown[:, :, :have] = old
+                buffers[i] = grown
 
     def prefill(self, slot: int, ids: list[int], every: bool = False) -> torch.Tensor:
         cache: Any = self.new_cache(config=self.config)
@@ -146,6 +160,7 @@ class HFAdapter:
             )
         lengths = [self.lengths[s] for s in slots]
         longest = max(lengths)
+        self._reserve(longest + 1)
         rows = torch.tensor(slots, dtype=torch.long, device=self.device)
         cache: Any = self.new_cache(config=self.config)
         for i in range(len(self.keys)):

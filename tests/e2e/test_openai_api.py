@@ -37,7 +37,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def served(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Path]]:
     port = free_port()
     log = tmp_path_factory.mktemp("openai") / "serve.log"
     args = [*LAUNCH, "serve", str(run), f"serve.port={port}", "serve.slots=1", "serve.queue=64"]
@@ -54,10 +54,16 @@ def server(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
             pass
         assert time.monotonic() < deadline, log.read_text()
         time.sleep(0.2)
-    yield base
-    proc.send_signal(signal.SIGTERM)
+    yield base, proc, log
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, log.read_text()
     assert "Traceback" not in log.read_text()
+
+
+@pytest.fixture(scope="module")
+def server(served: tuple[str, Any, Path]) -> str:
+    return served[0]
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +245,32 @@ def test_port_in_use_is_named_before_the_model_loads(
     assert serve_main([str(run), f"serve.port={port}"]) == 2
     err = capfd.readouterr().err
     assert "serve.port" in err and "serving" not in err, err
+
+
+def test_sigterm_drains_answering_503_and_every_request_held(
+    served: tuple[str, Any, Path], run: Path
+) -> None:
+    """Last in this module: it stops the server. One slot, sixteen requests held: after SIGTERM
+    /health and new requests get 503 (the port stays open), and every request held gets 200."""
+    base, proc, log = served
+    body = {"model": run.name, "prompt": PROMPT, "max_tokens": 28}
+    with ThreadPoolExecutor(16) as pool:
+        held = [
+            pool.submit(httpx.post, f"{base}/v1/completions", json=body, timeout=120)
+            for _ in range(16)
+        ]
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{base}/health").json()["waiting"] < 8:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while (health := httpx.get(f"{base}/health")).status_code == 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert health.status_code == 503 and health.json()["error"]["code"] == "server_busy"
+        late = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
+        assert late.status_code == 503 and late.headers["retry-after"] == "1"
+        assert [f.result(timeout=120).status_code for f in held] == [200] * 16
+    assert proc.wait(timeout=60) == 0, log.read_text()
+    assert "every request held was answered" in log.read_text()
