@@ -260,7 +260,7 @@ def test_sigterm_drains_answering_503_and_every_request_held(
             for _ in range(16)
         ]
         deadline = time.monotonic() + 60
-        while httpx.get(f"{base}/health").json()["waiting"] < 8:
+        while sum(httpx.get(f"{base}/health").json()[k] for k in ("active", "waiting")) < 16:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
