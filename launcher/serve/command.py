@@ -246,5 +246,8 @@ def _serve(run: Any, serve: Any, device: Any, name: str, sock: Any, threads: int
     if server.force_exit:  # a second signal: uvicorn dropped the open connections
         log.warning("stopped at once (a second signal): requests still open were not answered.")
         return ABORTED
+    if not server.started:
+        log.error(f"the server did not start on {serve.host}:{serve.port}.")
+        return 1
     log.info("stopped: every request held was answered.")
     return 0
