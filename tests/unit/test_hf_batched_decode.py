@@ -8,7 +8,6 @@ import random
 from typing import Any
 
 import pytest
-import torch
 
 from launcher.serve.adapters import HFAdapter, adapter_for
 from launcher.serve.engine import Engine, Request
@@ -18,20 +17,10 @@ CONTEXT = 120
 
 
 def test_one_forward_per_step_and_exact_against_full_recompute(one_torch_thread: None) -> None:
-    transformers = pytest.importorskip("transformers")
-    from launcher.models.output import return_logits
+    pytest.importorskip("transformers")
+    from benchmarks.serving_hf import tiny_llama
 
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=CONTEXT,
-    )
-    torch.manual_seed(1)
-    hf = return_logits(transformers.LlamaForCausalLM(config).eval())
+    hf = tiny_llama()  # tests/fixtures/tiny_llama.json, context 160, vocab 256
     rows: list[int] = []  # the batch size of each forward
 
     def record(_module: Any, args: Any, kwargs: Any, _output: Any) -> None:
@@ -44,7 +33,7 @@ def test_one_forward_per_step_and_exact_against_full_recompute(one_torch_thread:
     engine = Engine(adapter, 4)
     rng = random.Random(5)
     work = [
-        ([rng.randrange(96) for _ in range(rng.randint(1, 80))], rng.randint(1, 24))
+        ([rng.randrange(256) for _ in range(rng.randint(1, 80))], rng.randint(1, 24))
         for _ in range(9)
     ]
     requests = [engine.submit(Request(p, n)) for p, n in work]
