@@ -25,12 +25,14 @@ import argparse
 import random
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from launcher.config.model import ModelConfig
 from launcher.models.gpt import GPT
-from launcher.serve.adapters import GPTAdapter
+from launcher.serve.adapters import Adapter, GPTAdapter
 from launcher.serve.engine import Engine, Request
 
 CLOCK = time.process_time
@@ -45,10 +47,14 @@ def workload(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
     ]
 
 
+MakeAdapter = Callable[[int], Adapter]
+"""slots -> the adapter of the model under test."""
+
+
 def run_engine(
-    model: GPT, work: list[tuple[list[int], int]], slots: int
+    make: MakeAdapter, work: list[tuple[list[int], int]], slots: int
 ) -> tuple[float, list[float], list[list[int]]]:
-    engine = Engine(GPTAdapter(model, slots), slots, clock=CLOCK)
+    engine = Engine(make(slots), slots, clock=CLOCK)
     start = CLOCK()
     requests = [engine.submit(Request(list(p), n)) for p, n in work]
     engine.run()
@@ -59,9 +65,9 @@ def run_engine(
 
 @torch.no_grad()
 def run_static(
-    model: GPT, work: list[tuple[list[int], int]], group: int
+    make: MakeAdapter, work: list[tuple[list[int], int]], group: int
 ) -> tuple[float, list[float], list[list[int]]]:
-    adapter = GPTAdapter(model, group)
+    adapter = make(group)
     start = CLOCK()
     latency: list[float] = []
     outputs: list[list[int]] = []
@@ -74,7 +80,7 @@ def run_static(
             # Every row decodes until the longest is done; a finished row's extra tokens are
             # dropped (its position is held at its last one: the computation is the padding).
             positions = [
-                min(len(p) + len(o) - 1, model.cfg.seq_len - 1)
+                min(len(p) + len(o) - 1, adapter.context - 1)
                 for (p, _), o in zip(batch, outs, strict=True)
             ]
             logits = adapter.decode(slots, [o[-1] for o in outs], positions)
@@ -90,6 +96,37 @@ def run_static(
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def compare(make: MakeAdapter, work: list[tuple[list[int], int]], slots: int) -> dict[str, Any]:
+    """The three methods on one workload, one after another: (CPU s, latencies, outputs, wall s)
+    per method."""
+    run_engine(make, work[:4], slots)  # warm-up
+    results: dict[str, Any] = {}
+    for name, method in (
+        ("continuous", lambda: run_engine(make, work, slots)),
+        ("one at a time", lambda: run_engine(make, work, 1)),
+        ("static", lambda: run_static(make, work, slots)),
+    ):
+        wall = time.perf_counter()
+        cpu, latency, outputs = method()
+        results[name] = (cpu, latency, outputs, time.perf_counter() - wall)
+    return results
+
+
+def table(results: dict[str, Any], tokens: int) -> None:
+    print(
+        "| method | CPU s | tokens per CPU s | vs one at a time | p50 latency s | p95 latency s "
+        "| same tokens | (wall s) |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    base, reference = results["one at a time"][0], results["one at a time"][2]
+    for name, (cpu, latency, outputs, wall) in results.items():
+        print(
+            f"| {name} | {cpu:.2f} | {tokens / cpu:,.0f} | {base / cpu:.2f}x | "
+            f"{statistics.median(latency):.2f} | {pct(latency, 0.95):.2f} | "
+            f"{'yes' if outputs == reference else 'NO'} | {wall:.1f} |"
+        )
 
 
 def main() -> None:
@@ -108,35 +145,13 @@ def main() -> None:
     model = GPT(SMALL).eval()
     work = workload(args.requests)
     tokens = sum(n for _, n in work)
-    run_engine(model, work[:4], args.slots)  # warm-up
-    results = {}
-    walls = {}
-    for name, method in (
-        ("continuous", lambda: run_engine(model, work, args.slots)),
-        ("one at a time", lambda: run_engine(model, work, 1)),
-        ("static", lambda: run_static(model, work, args.slots)),
-    ):
-        wall = time.perf_counter()
-        results[name] = method()
-        walls[name] = time.perf_counter() - wall
-    reference = results["one at a time"][2]
+    results = compare(lambda slots: GPTAdapter(model, slots), work, args.slots)
     print(
         f"{args.requests} requests, {tokens} generated tokens, slots {args.slots}, "
         f"{args.threads} threads, model=small ({sum(p.numel() for p in model.parameters()):,} "
         "parameters)"
     )
-    print(
-        "| method | CPU s | tokens per CPU s | vs one at a time | p50 latency s | p95 latency s "
-        "| same tokens | (wall s) |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
-    base = results["one at a time"][0]
-    for name, (wall, latency, outputs) in results.items():
-        print(
-            f"| {name} | {wall:.2f} | {tokens / wall:,.0f} | {base / wall:.2f}x | "
-            f"{statistics.median(latency):.2f} | {pct(latency, 0.95):.2f} | "
-            f"{'yes' if outputs == reference else 'NO'} | {walls[name]:.1f} |"
-        )
+    table(results, tokens)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ class ServeConfig:
     """Requests waiting for a slot before the server answers 503 with Retry-After."""
     max_prompt_tokens: int = 0
     """Longest prompt accepted, in tokens (0: the model's context length)."""
+    model_name: str = ""
+    """The model's name in the API (/v1/models, each reply's "model"; a request naming another
+    is refused). Empty: the run directory's name."""
+    max_body_bytes: int = 1 << 20
+    """Largest request body `launch serve` reads (413 above it, before reading)."""
 
     def __post_init__(self) -> None:
         require_finite("serve", self)
@@ -41,6 +46,13 @@ class ServeConfig:
         require_non_negative("serve.top_k", self.top_k)
         require_non_negative("serve.queue", self.queue)
         require_non_negative("serve.max_prompt_tokens", self.max_prompt_tokens)
+        require_positive("serve.max_body_bytes", self.max_body_bytes)
+        if self.model_name != self.model_name.strip():
+            raise ConfigError(
+                "serve.model_name",
+                f"must not start or end with spaces, got {self.model_name!r}.",
+                "serve.model_name=my-model.",
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError("serve.top_p", f"must be in (0, 1], got {self.top_p}.")
         if not 0 < self.port < 65536:

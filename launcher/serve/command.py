@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,14 @@ overrides: serve.slots serve.max_new_tokens serve.temperature serve.top_k serve.
 SERVE_USAGE = """\
 usage: launch serve RUN_DIR_OR_CHECKPOINT [overrides]
 
-An HTTP server on a run's checkpoint: POST /v1/completions (OpenAI completions shape), GET
-/health. Needs the serve extra: pip install 'launcher[serve]'. SIGTERM or Ctrl-C: finish the
-requests held, then exit 0; a second Ctrl-C stops at once (exit 130).
+An OpenAI-compatible server on a run's checkpoint: POST /v1/completions and
+/v1/chat/completions (streaming too), GET /v1/models and /health (docs/serve.md has the table).
+Needs the serve extra: pip install 'launcher[serve]'. SIGTERM or Ctrl-C: answer new requests
+503, finish the requests held, then exit 0; a second signal stops at once (exit 130).
 
 overrides: serve.host serve.port serve.slots serve.queue serve.max_new_tokens
            serve.max_prompt_tokens serve.temperature serve.top_k serve.top_p serve.seed
-           train.device=auto|cpu|cuda
+           serve.model_name serve.max_body_bytes train.device=auto|cpu|cuda
 """
 
 SERVE_INSTALL = "pip install 'launcher[serve]'"
@@ -82,14 +84,22 @@ def generate_main(argv: list[str]) -> int:
         apply_overrides(ServeConfig(), line.overrides, "generate")  # keys and types, early
         find_checkpoint(run_arg)  # a missing run is named before the prompts are read
         lines = read_prompts(prompts_arg)
+        if line.output == "-":
+            line.output = None  # `-`: stdout
         if line.output:
             _check_output(Path(line.output).expanduser())  # before the model loads
+        threads = apply_thread_rule()
         run = load_run(run_arg, _device("cpu"))
         serve, device_name = apply_overrides(run.cfg.serve, line.overrides, "generate")
         device = _device(device_name)
         run.model.to(device)
         engine = build_engine(run, serve, device)
         requests = to_requests(lines, run, serve, prompt_limit(serve, engine.context))
+        print(  # stderr: stdout is the output
+            f"generating {len(lines)} prompts from {run.checkpoint.path} ({serve.slots} slots, "
+            f"{threads} CPU threads)",
+            file=sys.stderr,
+        )
         if line.output:
             _generate_to_file(engine, requests, Path(line.output).expanduser(), generate)
         else:
@@ -99,9 +109,26 @@ def generate_main(argv: list[str]) -> int:
     return 0
 
 
+def _replaceable(path: Path) -> bool:
+    """True for a regular file or a new path: written as FILE.partial and renamed over it. A
+    character device (/dev/null), a FIFO, a socket or /dev/stdout is written in place: renaming
+    over one would replace a device node with a file (as root, for every process on the machine).
+    """
+    try:
+        return stat.S_ISREG(path.stat().st_mode)  # follows links: /dev/stdout -> the fd's node
+    except FileNotFoundError:
+        return not path.is_symlink()  # a dangling link is not ours to replace
+    except OSError:
+        return False
+
+
 def _check_output(path: Path) -> None:
     if path.is_dir():
         raise ConfigError("--output", f"{path} is a directory.", "give a file path.")
+    if path.exists() and not _replaceable(path):
+        if not os.access(path, os.W_OK):
+            raise ConfigError("--output", f"{path} is not writable.", "give a writable path.")
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -113,12 +140,18 @@ def _check_output(path: Path) -> None:
 
 
 def _generate_to_file(engine: Any, requests: Any, path: Path, generate: Any) -> None:
-    """Into FILE.partial, renamed to FILE when every request is answered: an interrupted run
-    never leaves a truncated FILE (nor destroys the one that was there)."""
-    partial = path.with_name(path.name + ".partial")
+    """A regular file: into FILE.partial, renamed to FILE when every request is answered (an
+    interrupted run never leaves a truncated FILE, nor destroys the one that was there); through
+    a link, the file it names is replaced and the link kept. Anything else is written in place."""
+    if not _replaceable(path):
+        with open(path, "w", encoding="utf-8") as out:
+            generate(engine, requests, out)
+        return
+    target = Path(os.path.realpath(path))
+    partial = target.with_name(target.name + ".partial")
     with open(partial, "w", encoding="utf-8") as out:
         generate(engine, requests, out)
-    os.replace(partial, path)
+    os.replace(partial, target)
 
 
 def serve_main(argv: list[str]) -> int:
@@ -130,15 +163,36 @@ def serve_main(argv: list[str]) -> int:
             return 0
         (run_arg,) = _positionals(line, ["RUN_DIR_OR_CHECKPOINT"], SERVE_USAGE)
         _require_serve_extra()
+        from launcher.config.load import load_config_file
+        from launcher.rundir import CONFIG_FILE
+        from launcher.serve.lifecycle import bind
         from launcher.serve.load import find_checkpoint, load_run
 
         apply_overrides(ServeConfig(), line.overrides, "serve")
-        find_checkpoint(run_arg)
+        run_dir, _ = find_checkpoint(run_arg)
+        early, _ = apply_overrides(
+            load_config_file(run_dir / CONFIG_FILE).serve, line.overrides, "serve"
+        )
+        sock = bind(early.host, early.port)  # a port in use is named before the model loads
+        threads = apply_thread_rule()
         run = load_run(run_arg, _device("cpu"))
         serve, device_name = apply_overrides(run.cfg.serve, line.overrides, "serve")
-        return _serve(run, serve, _device(device_name), run_arg)
+        name = serve.model_name or run_dir.name
+        return _serve(run, serve, _device(device_name), name, sock, threads)
     except LauncherError as exc:
         return _refused(exc)
+
+
+def apply_thread_rule() -> int:
+    """Training's rule (launcher/runners/local.py): OMP_NUM_THREADS when set, else this
+    machine's cores for the one process; a loaded machine's default threads oversubscribe."""
+    import torch
+
+    from launcher.runners.local import local_cpu_count
+
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or local_cpu_count()
+    torch.set_num_threads(max(1, threads))
+    return torch.get_num_threads()
 
 
 def _require_serve_extra() -> None:
@@ -154,20 +208,22 @@ def _require_serve_extra() -> None:
         ) from None
 
 
-def _serve(run: Any, serve: Any, device: Any, name: str) -> int:
+def _serve(run: Any, serve: Any, device: Any, name: str, sock: Any, threads: int) -> int:
     import uvicorn
 
+    from launcher.serve.adapters import vocab_of
     from launcher.serve.generate import build_engine, prompt_limit
+    from launcher.serve.lifecycle import DrainingServer
     from launcher.serve.server import ServeState, create_app
     from launcher.serve.worker import EngineThread
 
     run.model.to(device)
     engine = build_engine(run, serve, device, queue=serve.queue)
     worker = EngineThread(engine)
-    state = ServeState(worker, run.codec, serve, prompt_limit(serve, engine.context), name)
-    app = create_app(state)
-    config = uvicorn.Config(app, host=serve.host, port=serve.port, log_level="warning")
-    server = uvicorn.Server(config)
+    limit = prompt_limit(serve, engine.context)
+    state = ServeState(worker, run.codec, serve, limit, name, vocab=vocab_of(run.model))
+    config = uvicorn.Config(create_app(state), log_level="warning", timeout_keep_alive=5)
+    server = DrainingServer(config, state)
     # uvicorn re-raises the signal that stopped it once it is done; these handlers make that
     # a no-op, so a graceful stop exits 0 instead of dying by the signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -175,26 +231,23 @@ def _serve(run: Any, serve: Any, device: Any, name: str) -> int:
     worker.start()
     log = get_logger()
     log.info(
-        f"serving {run.checkpoint.path} on http://{serve.host}:{serve.port} "
-        f"({serve.slots} slots, queue {serve.queue}); POST /v1/completions, GET /health"
+        f"serving {run.checkpoint.path} as {name!r} on http://{serve.host}:{serve.port} "
+        f"({serve.slots} slots, queue {serve.queue}, {threads} CPU threads); "
+        "POST /v1/completions /v1/chat/completions, GET /v1/models /health"
     )
     try:
-        server.run()
-    except SystemExit:  # uvicorn exits when it cannot listen; say it in our one line below
-        pass
+        server.run(sockets=[sock])
     finally:
         state.accepting = False
         worker.stop()
     if worker.error is not None:
         log.error(f"the engine failed: {type(worker.error).__name__}: {worker.error}")
         return 1
-    if server.force_exit:  # a second Ctrl-C: uvicorn dropped the open connections
-        log.warning("stopped at once (a second Ctrl-C): requests still open were not answered.")
+    if server.force_exit:  # a second signal: uvicorn dropped the open connections
+        log.warning("stopped at once (a second signal): requests still open were not answered.")
         return ABORTED
     if not server.started:
-        log.error(
-            f"could not listen on {serve.host}:{serve.port} (in use, or not an address here)."
-        )
-        return CONFIG_ERROR
+        log.error(f"the server did not start on {serve.host}:{serve.port}.")
+        return 1
     log.info("stopped: every request held was answered.")
     return 0

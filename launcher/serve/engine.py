@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from launcher.serve.adapters import Adapter
+from launcher.serve.logprobs import Scored, score, score_prompt
 from launcher.serve.sampling import Sampling, choose
 
 Decode = Callable[[list[int]], str]
@@ -38,12 +39,24 @@ class Request:
     """Called (on the engine's thread) when the request retires."""
     tag: object = None
     """The caller's own reference (an input line, an HTTP request)."""
+    logprobs: int | None = None
+    """Score each generated token, with this many most likely alternatives (None: no scores)."""
+    echo: bool = False
+    """Score the prompt's tokens too (with `logprobs` alternatives, 0 when None)."""
+    on_token: Callable[[Request], None] | None = None
+    """Called (on the engine's thread) after each generated token (streaming)."""
+    cancelled: bool = False
+    """Set from any thread when nobody waits for the answer: the engine drops the request at its
+    next step and frees its slot."""
     # Filled in by the engine:
     output_ids: list[int] = field(default_factory=list)
     text: str | None = None
     """The completion, cut before a stop string (None: the engine has no decoder)."""
     finish_reason: str | None = None
-    """"stop" (end-of-sequence token or stop string) or "length" (token limit or context)."""
+    """"stop" (end-of-sequence token or stop string), "length" (token limit or context), or
+    "cancelled"."""
+    prompt_scores: list[Scored] = field(default_factory=list)
+    output_scores: list[Scored] = field(default_factory=list)
     submitted_at: float = 0.0
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -77,6 +90,8 @@ class Engine:
         self.lock = threading.Lock()
         self.tokens_generated = 0
         self.steps = 0
+        self.cancelled = 0
+        """Requests dropped because nobody waited for them any more."""
 
     @property
     def context(self) -> int:
@@ -117,7 +132,8 @@ class Engine:
     def step(self) -> list[Request]:
         """Admit and prefill what fits, then one decode step for every active request; the
         requests that retired in this iteration."""
-        finished = self._admit()
+        finished = self._drop_cancelled()
+        finished += self._admit()
         if self.active:
             slots = sorted(self.active)
             requests = [self.active[s] for s in slots]
@@ -137,6 +153,12 @@ class Engine:
             done += self.step()
         return done
 
+    def _drop_cancelled(self) -> list[Request]:
+        dropped = [(s, r) for s, r in self.active.items() if r.cancelled]
+        for slot, request in dropped:
+            self._retire(slot, request, "cancelled")
+        return [r for _, r in dropped]
+
     def _admit(self) -> list[Request]:
         finished = []
         free = [s for s in range(self.slots) if s not in self.active]
@@ -145,14 +167,26 @@ class Engine:
                 if not self.waiting:
                     break
                 request = self.waiting.popleft()
+            if request.cancelled:
+                self._retire(None, request, "cancelled")
+                finished.append(request)
+                continue
             slot = free.pop(0)
             request.slot = slot
             self.active[slot] = request
             self.generators[slot] = request.sampling.generator()
-            logits = self.adapter.prefill(slot, request.prompt_ids)
-            if self._append(slot, request, logits):
-                finished.append(request)
-                free.insert(0, slot)
+            logits = self.adapter.prefill(slot, request.prompt_ids, every=request.echo)
+            if request.echo:
+                request.prompt_scores = score_prompt(
+                    logits, request.prompt_ids, request.logprobs or 0
+                )
+                logits = logits[-1]
+            if request.max_new_tokens == 0:  # scoring the prompt only (echo)
+                self._retire(slot, request, "length")
+            elif not self._append(slot, request, logits):
+                continue
+            finished.append(request)
+            free.insert(0, slot)
         return finished
 
     def _append(self, slot: int, request: Request, logits: torch.Tensor) -> bool:
@@ -165,7 +199,11 @@ class Engine:
             reason = "stop"
         else:
             request.output_ids.append(token)
+            if request.logprobs is not None:
+                request.output_scores.append(score(logits, token, request.logprobs))
             self.tokens_generated += 1
+            if request.on_token is not None:
+                request.on_token(request)
             if request.stop and self.decode is not None:
                 text = self.decode(request.output_ids)
                 if any(s in text for s in request.stop):
@@ -180,9 +218,11 @@ class Engine:
         self._retire(slot, request, reason)
         return True
 
-    def _retire(self, slot: int, request: Request, reason: str) -> None:
-        del self.active[slot]
-        self.generators.pop(slot, None)
+    def _retire(self, slot: int | None, request: Request, reason: str) -> None:
+        self.cancelled += reason == "cancelled"
+        if slot is not None:
+            del self.active[slot]
+            self.generators.pop(slot, None)
         request.finish_reason = reason
         request.finished_at = self.clock()
         if self.decode is not None:

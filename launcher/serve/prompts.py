@@ -38,6 +38,23 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _surrogate(value: Any) -> str | None:
+    """The first lone surrogate in the strings of a parsed line (keys included), if any."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return value[exc.start]
+        return None
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    if isinstance(items, list):
+        for item in items:
+            found = _surrogate(item)
+            if found is not None:
+                return found
+    return None
+
+
 def parse_line(number: int, text: str, where: str) -> PromptLine:
     at = f"{where} line {number}"
     try:
@@ -45,6 +62,10 @@ def parse_line(number: int, text: str, where: str) -> PromptLine:
     except json.JSONDecodeError as exc:
         raise ConfigError(
             KEY, f"{at} is not valid JSON ({exc.msg}).", f"one object per line: {EXAMPLE}."
+        ) from None
+    except RecursionError:
+        raise ConfigError(
+            KEY, f"{at} nests too deep.", f"one flat object per line: {EXAMPLE}."
         ) from None
     if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
         raise ConfigError(KEY, f'{at} has no string "prompt".', f"write lines like {EXAMPLE}.")
@@ -54,6 +75,13 @@ def parse_line(number: int, text: str, where: str) -> PromptLine:
     stop = _stop_strings(record.get("stop"))
     if stop is None:
         raise ConfigError(KEY, f'{at}: "stop" must be a string or a list of non-empty strings.')
+    bad = _surrogate(record)
+    if bad is not None:
+        raise ConfigError(
+            KEY,
+            f"{at} holds a lone surrogate escape (\\u{ord(bad):04x}), which is not Unicode text.",
+            "remove it, or escape the whole character (a surrogate pair).",
+        )
     seed = record.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise ConfigError(KEY, f'{at}: "seed" must be an integer, got {seed!r}.')

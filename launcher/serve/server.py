@@ -1,37 +1,36 @@
-"""`launch serve`: an HTTP server (FastAPI on uvicorn) in front of the engine.
+"""`launch serve`: an OpenAI-compatible HTTP server (FastAPI on uvicorn) in front of the engine.
 
-POST /v1/completions takes the OpenAI completions shape ({"prompt", "max_tokens", "temperature",
-"top_p", "top_k", "seed", "stop"}) and answers {"choices": [{"text", "finish_reason"}],
-"usage": {...}}; streaming is not offered (stream=true is a 400). GET /health reports the slots
-and the queue. A full queue answers 503 with Retry-After; an oversized or malformed request 400
-with the reason. SIGTERM: stop accepting, finish every request held, exit 0.
+POST /v1/completions and /v1/chat/completions (streamed as server-sent events with stream=true),
+GET /v1/models and /health. Every parameter is either implemented or refused with a 400 naming
+it (docs/serve.md has the table); every error is in OpenAI's shape. A full queue answers 503 with
+Retry-After; a client that goes away has its requests cancelled and their slots freed.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations at runtime.
 import asyncio
 import itertools
-import json
-import math
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
-from fastapi.responses import JSONResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from launcher.config.serve import ServeConfig
+from launcher.serve import openai_format as fmt
+from launcher.serve.body import parse_json, read_body
 from launcher.serve.codec import Codec
 from launcher.serve.engine import QueueFull, Request
-from launcher.serve.sampling import Sampling
+from launcher.serve.openai_errors import ApiError, busy, error
+from launcher.serve.openai_params import Job, Limits, chat_job, completion_job
 from launcher.serve.worker import EngineThread
 
-RETRY_AFTER_S = 1
-
-
-class BadRequest(Exception):
-    pass
+SHUTTING_DOWN = "the server is shutting down; retry on another instance."
 
 
 @dataclass
@@ -42,118 +41,200 @@ class ServeState:
     prompt_limit: int
     model_name: str
     accepting: bool = True
+    vocab: int | None = None
+    inflight: int = 0
+    """HTTP requests being answered (a drain waits for none)."""
+    created: int = 0
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.serve, self.model_name, self.prompt_limit, self.vocab)
+
+    @property
+    def refusing(self) -> bool:
+        return not self.accepting or self.worker.error is not None
 
 
-def _number(body: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadRequest(f"{key} must be a number, got {value!r}.")
-    if not low <= value <= high:
-        raise BadRequest(f"{key} must be in [{low}, {high}], got {value}.")
-    return float(value)
+def _submit(state: ServeState, requests: list[Request]) -> None:
+    """Hand every request to the engine, or none (503 when the queue cannot hold them all)."""
+    taken: list[Request] = []
+    try:
+        for request in requests:
+            state.worker.submit(request)
+            taken.append(request)
+    except QueueFull:
+        for request in taken:
+            request.cancelled = True
+        raise ApiError(
+            f"the queue is full ({state.serve.queue} requests waiting); retry later.",
+            status=503,
+            code="server_busy",
+        ) from None
 
 
-def _integer(body: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"{key} must be an integer, got {value!r}.")
-    if not low <= value <= high:
-        raise BadRequest(f"{key} must be between {low} and {high}, got {value}.")
-    return value
+def _threadsafe(loop: asyncio.AbstractEventLoop, call: Callable[[], None]) -> None:
+    # After a forced stop the event loop may be closed: nobody waits for the answer.
+    with suppress(RuntimeError):
+        loop.call_soon_threadsafe(call)
 
 
-def _prompt(body: dict[str, Any]) -> str:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]  # OpenAI accepts a list; one prompt per request here
-    if not isinstance(prompt, str) or not prompt:
-        raise BadRequest('"prompt" must be a non-empty string.')
-    return prompt
+async def _disconnected(http: HttpRequest) -> None:
+    """Returns when the client goes away (the body has been read: only that message is left)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
 
 
-def _stop(body: dict[str, Any]) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    if isinstance(stop, str) and stop:
-        return (stop,)
-    if isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
-        return tuple(stop)
-    raise BadRequest('"stop" must be a string or a list of non-empty strings.')
+async def _answer(state: ServeState, http: HttpRequest, requests: list[Request]) -> bool:
+    """Wait for every request; False when the client went away first (they are cancelled)."""
+    loop = asyncio.get_running_loop()
+    futures = [loop.create_future() for _ in requests]
+    for request, future in zip(requests, futures, strict=True):
+
+        def resolve(f: "asyncio.Future[None]" = future) -> None:
+            if not f.done():
+                f.set_result(None)
+
+        request.on_done = lambda _r, resolve=resolve: _threadsafe(loop, resolve)
+    _submit(state, requests)
+    everything: asyncio.Future[Any] = asyncio.gather(*futures)
+    watch: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(http))
+    try:
+        await asyncio.wait({everything, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if everything.done():
+        return True
+    everything.cancel()
+    for request in requests:
+        request.cancelled = True
+    return False
 
 
-def build_request(state: "ServeState", body: Any, seed: int) -> Request:
-    """A validated engine request from a request body (BadRequest says why not)."""
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object.")
-    if body.get("stream"):
-        raise BadRequest("streaming is not supported; leave out stream or set it to false.")
-    serve = state.serve
-    ids = state.codec.encode(_prompt(body))
-    if not ids:
-        raise BadRequest("the prompt encodes to no tokens.")
-    if len(ids) > state.prompt_limit:
-        raise BadRequest(
-            f"the prompt is {len(ids)} tokens; this server accepts at most {state.prompt_limit}."
+def _failure(state: ServeState, requests: list[Request]) -> JSONResponse | None:
+    reasons = {r.finish_reason for r in requests}
+    if "error" in reasons:
+        return error(500, f"generation failed: {state.worker.error!r}")
+    if "cancelled" in reasons:
+        return busy(SHUTTING_DOWN)
+    return None
+
+
+def _wire_stream(requests: list[Request]) -> "asyncio.Queue[tuple[int, bool]]":
+    """(choice, finished) events from the engine's thread, for each token and each end."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[int, bool]] = asyncio.Queue()
+    for index, request in enumerate(requests):
+        request.on_token = lambda _r, i=index: _threadsafe(
+            loop, lambda: events.put_nowait((i, False))
         )
-    max_tokens = _integer(body, "max_tokens", serve.max_new_tokens, 1, 1 << 31)
-    if max_tokens > serve.max_new_tokens:
-        raise BadRequest(
-            f"max_tokens is {max_tokens}; this server generates at most {serve.max_new_tokens} "
-            "(serve.max_new_tokens)."
+        request.on_done = lambda _r, i=index: _threadsafe(
+            loop, lambda: events.put_nowait((i, True))
         )
-    sampling = Sampling(
-        temperature=_number(body, "temperature", serve.temperature, 0.0, 100.0),
-        top_k=_integer(body, "top_k", serve.top_k, 0, 1 << 31),
-        top_p=_number(body, "top_p", serve.top_p, 1e-9, 1.0),
-        seed=_integer(body, "seed", seed, -(1 << 63), (1 << 63) - 1),
-    )
-    return Request(ids, max_tokens, sampling, stop=_stop(body))
+    return events
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_busy"
-    return JSONResponse(
-        {"error": {"message": message, "type": kind}}, status_code=status, headers=headers
-    )
+async def _stream(
+    state: ServeState,
+    job: Job,
+    requests: list[Request],
+    events: "asyncio.Queue[tuple[int, bool]]",
+    chat: bool,
+    ident: str,
+) -> AsyncIterator[bytes]:
+    """The events of every choice as tokens arrive. If the client goes away the generator is
+    closed, and the requests are cancelled."""
+    texts = [fmt.StreamText(state.codec, job.stop) for _ in requests]
+    name = state.model_name
+    state.inflight += 1  # the stream outlives its handler
+    try:
+        if chat:
+            for index in range(len(requests)):
+                yield fmt.event(fmt.chunk(chat, name, ident, index, None, None))
+        left = len(requests)
+        while left:
+            index, finished = await events.get()
+            request = requests[index]
+            if not finished:
+                new = texts[index].advance(list(request.output_ids))
+                if new:
+                    yield fmt.event(fmt.chunk(chat, name, ident, index, new, None))
+                continue
+            left -= 1
+            if request.finish_reason in ("error", "cancelled"):
+                message = "generation failed" if request.finish_reason == "error" else SHUTTING_DOWN
+                yield fmt.event({"error": {"message": message, "type": "server_error"}})
+                return
+            rest = texts[index].finish(request.text or "")
+            if rest:
+                yield fmt.event(fmt.chunk(chat, name, ident, index, rest, None))
+            yield fmt.event(fmt.chunk(chat, name, ident, index, "", request.finish_reason))
+        if job.include_usage:
+            yield fmt.event(fmt.usage_chunk(chat, name, ident, fmt.usage(job, requests)))
+        yield fmt.event("[DONE]")
+    finally:
+        state.inflight -= 1
+        for request in requests:
+            request.cancelled = True  # a no-op for those already done
 
 
-def _completion(state: ServeState, number: int, request: Request) -> dict[str, Any]:
-    prompt_tokens, completion_tokens = len(request.prompt_ids), len(request.output_ids)
-    return {
-        "id": f"cmpl-{number}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": state.model_name,
-        "choices": [
-            {
-                "text": request.text,
-                "index": 0,
-                "logprobs": None,
-                "finish_reason": request.finish_reason,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
+def _routes(app: FastAPI, state: ServeState) -> None:
+    numbers = itertools.count(1)
+
+    async def handle(http: HttpRequest, chat: bool) -> Any:
+        number = next(numbers)
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{number}"
+        state.inflight += 1
+        try:
+            body = parse_json(await read_body(http, state.serve.max_body_bytes))
+            build = chat_job if chat else completion_job
+            job = build(body, state.codec, state.limits, state.serve.seed + number)
+            if state.refusing:
+                return busy(SHUTTING_DOWN)
+            requests = job.requests()
+            if job.stream:
+                events = _wire_stream(requests)
+                _submit(state, requests)  # a full queue is still a plain 503
+                stream = _stream(state, job, requests, events, chat, ident)
+                return StreamingResponse(stream, media_type="text/event-stream")
+            if not await _answer(state, http, requests):
+                return error(400, "the client went away.")
+            failed = _failure(state, requests)
+            if failed is not None:
+                return failed
+            if chat:
+                return fmt.chat_completion(job, state.model_name, ident, requests)
+            return fmt.completion(job, state.codec, state.model_name, ident, requests)
+        except ApiError as exc:
+            return exc.response()
+        finally:
+            state.inflight -= 1
+
+    @app.post("/v1/completions")
+    async def completions(http: HttpRequest) -> Any:
+        return await handle(http, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HttpRequest) -> Any:
+        return await handle(http, chat=True)
 
 
 def create_app(state: ServeState) -> FastAPI:
-    app = FastAPI(title="launch serve", docs_url=None, redoc_url=None)
-    numbers = itertools.count(1)
+    app = FastAPI(title="launch serve", docs_url=None, redoc_url=None, openapi_url=None)
+    state.created = state.created or int(time.time())
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_http: HttpRequest, exc: HTTPException) -> JSONResponse:
+        return error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_http: HttpRequest, exc: RequestValidationError) -> JSONResponse:
+        return error(422, str(exc))
 
     @app.get("/health")
     async def health() -> Any:
+        if state.refusing:
+            return busy(SHUTTING_DOWN if not state.accepting else "the engine failed.")
         engine = state.worker.engine
-        if not state.accepting or state.worker.error is not None:
-            return _error(503, "shutting down", {"Retry-After": str(RETRY_AFTER_S)})
         return {
             "status": "ok",
             "model": state.model_name,
@@ -161,47 +242,29 @@ def create_app(state: ServeState) -> FastAPI:
             "active": len(engine.active),
             "waiting": len(engine.waiting),
             "queue": state.serve.queue,
+            "cancelled": engine.cancelled,
         }
 
-    @app.post("/v1/completions")
-    async def completions(http: HttpRequest) -> Any:
-        number = next(numbers)
-        try:
-            body = json.loads(await http.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _error(400, f"the body is not valid JSON ({exc}).")
-        try:
-            request = build_request(state, body, state.serve.seed + number)
-        except BadRequest as exc:
-            return _error(400, str(exc))
-        if not state.accepting or state.worker.error is not None:
-            return _error(503, "the server is shutting down.", {"Retry-After": str(RETRY_AFTER_S)})
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Request] = loop.create_future()
+    @app.get("/v1/models")
+    async def models() -> Any:
+        return {"object": "list", "data": [_model_card(state)]}
 
-        def resolve(done: Request) -> None:
-            if not future.done():  # a client that went away cancels its future
-                future.set_result(done)
-
-        def finished(done: Request) -> None:
-            # After a forced stop the event loop may be closed: nobody waits for the answer.
-            with suppress(RuntimeError):
-                loop.call_soon_threadsafe(resolve, done)
-
-        request.on_done = finished
-        try:
-            state.worker.submit(request)
-        except QueueFull:
-            return _error(
-                503,
-                f"the queue is full ({state.serve.queue} requests waiting); retry later.",
-                {"Retry-After": str(RETRY_AFTER_S)},
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> Any:
+        if name != state.model_name:
+            return error(
+                404, f"the model {name!r} does not exist here.", "model", "model_not_found"
             )
-        done = await future
-        if done.finish_reason == "error":
-            return _error(500, f"generation failed: {state.worker.error!r}")
-        if done.finish_reason == "cancelled":
-            return _error(503, "the server is shutting down.", {"Retry-After": str(RETRY_AFTER_S)})
-        return _completion(state, number, done)
+        return _model_card(state)
 
+    _routes(app, state)
     return app
+
+
+def _model_card(state: ServeState) -> dict[str, Any]:
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "launch",
+    }

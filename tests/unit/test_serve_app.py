@@ -45,7 +45,7 @@ async def _exchange(state: ServeState) -> dict[str, httpx.Response]:
             "temperature": await post(
                 "/v1/completions", json={"prompt": "ab", "temperature": "hot"}
             ),
-            "stream": await post("/v1/completions", json={"prompt": "ab", "stream": True}),
+            "suffix": await post("/v1/completions", json={"prompt": "ab", "suffix": "x"}),
         }
         # The engine thread is not started yet: one request fills the slot, one the queue,
         # the third finds it full.
@@ -65,7 +65,7 @@ async def _exchange(state: ServeState) -> dict[str, httpx.Response]:
 
 def test_completions_shape_limits_and_full_queue() -> None:
     got = asyncio.run(_exchange(_state(slots=1, queue=1)))
-    for name in ("bad_json", "not_object", "long_prompt", "max_tokens", "temperature", "stream"):
+    for name in ("bad_json", "not_object", "long_prompt", "max_tokens", "temperature", "suffix"):
         assert got[name].status_code == 400, name
         assert got[name].json()["error"]["message"], name
     assert "17 tokens" in got["long_prompt"].json()["error"]["message"]

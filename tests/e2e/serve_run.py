@@ -1,0 +1,56 @@
+"""One trained run shared by the serving tests of several modules: a tiny Llama (model=hf) on
+prompt/completion data with a small BPE tokenizer that has a chat template. Trained once per test
+session (in the session's base temp directory), whichever module asks first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.data_sources import train_tokenizer, write_pairs
+from tests.helpers import run_launch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+TRAIN = [
+    "train",
+    "model=hf",
+    "model.config=tests/fixtures/tiny_llama.json",
+    "model.seq_len=32",
+    "train.steps=3",
+    "batch.global_size=8",
+    "checkpoint.every=0",
+    "wandb.mode=disabled",
+    "data=hf",
+    "data.prompt_field=prompt",
+    "data.completion_field=completion",
+]
+
+
+def with_chat_template(tokenizer: Path) -> Path:
+    """The tokenizer directory as transformers saves one with a chat template."""
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps(config))
+    return tokenizer
+
+
+def shared_run(factory: pytest.TempPathFactory) -> Path:
+    root = factory.getbasetemp() / "serve-hf-run"
+    run = root / "run"
+    if (run / "summary.json").exists():
+        return run
+    root.mkdir(exist_ok=True)
+    tok = with_chat_template(train_tokenizer(root / "tok"))
+    pairs = write_pairs(root / "pairs.jsonl", 48)
+    data = [f"data.path={pairs}", f"data.tokenizer={tok}", f"data.cache_dir={root / 'cache'}"]
+    run_launch([*TRAIN, *data], run)
+    return run
