@@ -104,6 +104,6 @@ def compile_errors(enabled: bool) -> Iterator[None]:
         raise ConfigError(
             "train.compile",
             f"the model failed to compile ({_first_line(exc)[:300]}).",
-            "train it eagerly with train.compile=false (the default), or make the blocks' "
-            "forward compilable (TORCHDYNAMO_VERBOSE=1 shows where it fails).",
+            "set train.compile=false (the default) to train eagerly; TORCHDYNAMO_VERBOSE=1 "
+            "shows where compiling fails.",
         ) from None
