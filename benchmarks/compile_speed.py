@@ -28,6 +28,7 @@ import torch
 import torch._inductor.config as inductor_config
 from torch import nn
 
+from launcher.config.ac import AcConfig, AcPolicy
 from launcher.config.model import ModelConfig
 from launcher.models import GPT
 from launcher.training.loss import token_loss_sum
@@ -72,7 +73,7 @@ def measure(name: str, build: Callable[[], nn.Module], args: argparse.Namespace)
     torch.manual_seed(0)
     eager = build().train()
     compiled = copy.deepcopy(eager)
-    n_blocks = compile_blocks(compiled)
+    n_blocks = compile_blocks(compiled, AcConfig(policy=AcPolicy.none))
     models = {"eager": eager, "compiled": compiled}
     optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in models.items()}
     batch = torch.randint(0, 256, (args.micro_size, SMALL["seq_len"] + 1))

@@ -8,11 +8,10 @@ an eager run's checkpoint and the other way round. The blocks share one code obj
 compilation serves every block of the same shapes.
 
 Compilation is lazy: the first step pays it (forward, then backward); `compile_seconds` reads
-what dynamo and inductor spent so far, for the progress line and summary.json. A block run under
-a TorchDispatchMode (the `ac=selective` op policy of the built-in GPT) runs eagerly: dynamo does
-not trace under such a mode, and the CPU peak meter's first steps (launcher/memory/peak.py)
-run eagerly for that reason (EagerWhileMeasured): on the CPU the first compiled step follows
-the measured window.
+what dynamo and inductor spent so far, for the progress line and summary.json. Dynamo does not
+trace under a TorchDispatchMode: `ac=selective` (whose op policy is one) leaves the blocks eager,
+and the CPU peak meter's first steps (launcher/memory/peak.py) run eagerly for that reason
+(EagerWhileMeasured): on the CPU the first compiled step follows the measured window.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from launcher.config.ac import AcConfig, AcPolicy
 from launcher.errors import ConfigError
 from launcher.logs import get_logger
 from launcher.memory.peak import PeakMeter
@@ -31,15 +31,22 @@ from launcher.models.blocks import require_blocks
 log = get_logger("compile")
 
 
-def compile_blocks(model: nn.Module, blocks_path: str | None = None) -> int:
-    """Compile each block of the model's block list in place; the number of blocks."""
+def compile_blocks(model: nn.Module, ac: AcConfig, blocks_path: str | None = None) -> int:
+    """Compile each block of the model's block list in place; the number compiled."""
     found = require_blocks(model, blocks_path, "train.compile=true (compiled per block)")
+    if ac.policy == AcPolicy.selective:
+        # Its op policy runs each block under a TorchDispatchMode, which dynamo cannot trace.
+        log.warning(
+            "train.compile=true with ac=selective: the blocks run eagerly (the selective op "
+            "policy cannot be compiled); ac=full or ac=none compile them."
+        )
+        return 0
     for block in found.blocks:
         # Training shapes are fixed, so the first graph is static; dynamo's default makes the
         # graph dynamic on the first shape change (a validation batch) instead of compiling
         # one graph per shape, as dynamic=False would.
         block.compile()
-    log.info(f"compile: {len(found)} blocks of {found.path} compiled at the first step")
+    log.info(f"compile: the {len(found)} blocks at {found.path} compile at the first step")
     return len(found)
 
 

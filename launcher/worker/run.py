@@ -84,7 +84,7 @@ def build_model(cfg: RootConfig) -> nn.Module:
     model = construct_model(cfg.model)  # the built-in GPT, or the user's own by `_target_`
     apply_recompute(model, cfg.ac, blocks_path(cfg.model))
     if cfg.train.compile:  # after the policy (it wraps blocks), before an engine shards them
-        compile_blocks(model, blocks_path(cfg.model))
+        compile_blocks(model, cfg.ac, blocks_path(cfg.model))
     return model
 
 
