@@ -24,9 +24,8 @@ import torch.multiprocessing as mp
 
 from launcher.config.root import RootConfig
 from launcher.distributed import DistContext
-from launcher.tracking.metrics import StepMetrics
 from launcher.worker.compile import compile_seconds
-from tests.harness import build_trainer, free_port, join_group, make_config
+from tests.harness import build_trainer, free_port, join_group, make_config, record_losses
 from tests.helpers import max_rel_diff
 
 pytestmark = pytest.mark.multiproc
@@ -54,14 +53,7 @@ def _row(ctx: DistContext, cfg: RootConfig, out: Path) -> dict[str, Any]:
     torch._dynamo.reset()
     before = compile_seconds()
     trainer = build_trainer(cfg, ctx, out)
-    losses: list[float | None] = []
-    log_step = trainer.tracker.log_step
-
-    def record(m: StepMetrics) -> None:
-        losses.append(m.loss)
-        log_step(m)
-
-    trainer.tracker.log_step = record  # type: ignore[method-assign]
+    losses = record_losses(trainer)
     assert trainer.train()
     return {
         "loss": losses,
