@@ -16,6 +16,7 @@ from launcher.data import build_dataset
 from launcher.data.sequence import TokenDataset
 from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.engines import build_engine
+from launcher.tracking.metrics import StepMetrics
 from launcher.tracking.tracker import Tracker
 from launcher.training.loop import Trainer
 from launcher.training.loss import LossFn, token_exact_loss
@@ -50,6 +51,19 @@ def build_trainer(
     )
     tracker = Tracker(run_dir, cfg.train.steps, cfg.train.log_every, enabled=False)
     return Trainer(cfg, ctx, engine, data, tracker, loss_fn=loss_fn)
+
+
+def record_losses(trainer: Trainer) -> list[float | None]:
+    """The logged loss of every step this trainer runs from now on (None: skipped)."""
+    losses: list[float | None] = []
+    log_step = trainer.tracker.log_step
+
+    def record(m: StepMetrics) -> None:
+        losses.append(m.loss)
+        log_step(m)
+
+    trainer.tracker.log_step = record  # type: ignore[method-assign]
+    return losses
 
 
 def record_gradients(trainer: Trainer) -> list[torch.Tensor]:

@@ -91,6 +91,10 @@ class TrainConfig:
     """torchrun elastic restarts after a rank dies (resume from the newest checkpoint)."""
     peak_flops: float | None = None
     """Device peak FLOP/s for MFU; null looks the device up in a table."""
+    compile: bool = False
+    """torch.compile each of the model's repeated blocks in place (recompute and FSDP keep
+    working, checkpoints stay interchangeable with eager runs); the first compiled step pays the
+    compilation, reported as compile_s (docs/engines.md#compiling-the-blocks-traincompile)."""
     memory_budget: str | None = None
     """Per-rank memory the plan must fit: bytes or a size such as 40GiB (null: the GPU's
     memory on CUDA; on CPU the machine's RAM shared by its ranks)."""

@@ -55,8 +55,10 @@ class Progress:
         tokens_per_s: float,
         mfu: float | None = None,
         memory: int | None = None,
+        compile_s: float | None = None,
     ) -> None:
-        """`done`: optimizer steps completed (1-based step number)."""
+        """`done`: optimizer steps completed (1-based step number); `compile_s`: seconds spent
+        compiling, given once, on the first step that compiled (that line is always shown)."""
         if self.first_step is None:
             self.first_step = done - 1
             self.marks.append((self.start, self.first_step))
@@ -68,6 +70,8 @@ class Progress:
             text += f" mfu {mfu:.1%}"
         if memory is not None:
             text += f" mem {_gib(memory)}"
+        if compile_s is not None:
+            text += f" compile {compile_s:.1f}s"
         text += f" eta {eta:.0f}s"
         if self.tty:
             width = 24
@@ -76,6 +80,11 @@ class Progress:
             if done == self.total:
                 self.stream.write("\n")
             self.stream.flush()
-        elif done % self.every == 0 or done == self.total or done - 1 == self.first_step:
+        elif (
+            done % self.every == 0
+            or done == self.total
+            or done - 1 == self.first_step
+            or compile_s is not None
+        ):
             self.stream.write(text + "\n")
             self.stream.flush()

@@ -67,6 +67,9 @@ class RunSummary:
     status: str = "completed"
     final_val_loss: float | None = None
     """The last validation loss measured (eval.every), or None."""
+    compile_s: float | None = None
+    """Seconds this process spent compiling (train.compile: the first compiled step's forward
+    and backward, and any recompilation, e.g. for validation); None when not compiled."""
 
     @property
     def exit_status(self) -> int:
@@ -81,6 +84,7 @@ class RunSummary:
             "tokens": self.tokens,
             "tokens_per_s": self.tokens_per_s,
             "train_seconds": self.train_seconds,
+            "compile_s": self.compile_s,
             "peak_memory_bytes": self.peak_memory_bytes,
             "planned_peak_bytes": self.planned_peak_bytes,
             "peak_rss_bytes": self.peak_rss_bytes,

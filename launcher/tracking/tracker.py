@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import resource
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -82,6 +83,10 @@ class Tracker:
         self._metrics: TextIO | None = None
         self.peak_meter: PeakMeter | None = None
         """The first steps' measured tensor peak (set by the worker)."""
+        self.compile_clock: Callable[[], float] | None = None
+        """Seconds compiled so far, with train.compile (set by the worker)."""
+        self.compile_s: float | None = None
+        """Seconds compiled by the first step that compiled (shown on its progress line)."""
         if enabled:
             # Appended: a resumed run continues the same file (after `rewind`).
             self._metrics = open(run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
@@ -112,6 +117,11 @@ class Tracker:
 
     def log_step(self, m: StepMetrics) -> None:
         self.totals.add(m, self.positions_per_step)
+        compiled = None  # on the line of the first step that compiled, once
+        if self.compile_s is None and self.compile_clock is not None:
+            seconds = self.compile_clock()
+            if seconds > 0:
+                self.compile_s = compiled = seconds
         if not self.enabled:
             return
         assert self._metrics is not None and self.progress is not None
@@ -130,6 +140,7 @@ class Tracker:
             line["tokens_per_s"] or 0.0,
             line["mfu"],
             line["peak_memory_bytes"],
+            compiled,
         )
 
     def summary(
@@ -171,6 +182,7 @@ class Tracker:
             rank_tokens_min=t.rank_tokens_min,
             rank_tokens_max=t.rank_tokens_max,
             wandb_run_id=self.wandb.id if self.wandb is not None else None,
+            compile_s=self.compile_clock() if self.compile_clock is not None else None,
         )
 
     def finish(self, summary: RunSummary) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from launcher.tracking.tracker import Tracker
 from launcher.training.loop import Trainer
 from launcher.verify.grads import full_gradients, running_statistics
 from launcher.verify.results import GRADS_FILE, STATS_FILE, write_steps
+from launcher.worker.compile import compile_errors
 from launcher.worker.debug import loss_function
 from launcher.worker.run import build_data, build_model, seed_rank, warn_batch_dependent_layers
 
@@ -98,7 +99,8 @@ def run_verify_rank(cfg: RootConfig, out_dir: Path) -> int:
     ctx = init_distributed(cfg.train.device)
     setup_logging(ctx.rank)
     try:
-        verify_rank(cfg, out_dir, ctx)
+        with compile_errors(cfg.train.compile):
+            verify_rank(cfg, out_dir, ctx)
         return 0
     except BaseException:
         if ctx.world_size > 1:

@@ -37,6 +37,13 @@ from launcher.tracking.summary import RunEnd, RunShape, StoppedRun
 from launcher.tracking.tracker import peak_memory_bytes, start_tracking
 from launcher.training.evaluation import Evaluator
 from launcher.training.loop import Trainer
+from launcher.worker.compile import (
+    EagerWhileMeasured,
+    compile_blocks,
+    compile_errors,
+    compile_seconds,
+    eager,
+)
 from launcher.worker.debug import debug_callbacks, loss_function
 from launcher.worker.evaluate import exact_match
 from launcher.worker.stop import (
@@ -79,6 +86,8 @@ def build_model(cfg: RootConfig) -> nn.Module:
     if cfg.model.init_from:  # a fine-tuning run: the exported weights, on every rank
         load_initial_weights(model, cfg.model.init_from)
     apply_recompute(model, cfg.ac, blocks_path(cfg.model))
+    if cfg.train.compile:  # after the policy (it wraps blocks), before an engine shards them
+        compile_blocks(model, cfg.ac, blocks_path(cfg.model))
     return model
 
 
@@ -114,6 +123,9 @@ def train_rank(
     tracker.peak_meter = meter
     # Checkpoints first: a test's pause after a step comes once the step is saved.
     trainer.callbacks = [meter, checkpoints, *debug_callbacks(cfg, ctx.rank)]
+    if cfg.train.compile:
+        tracker.compile_clock = compile_seconds
+        trainer.callbacks.insert(1, EagerWhileMeasured(meter))  # after the meter opens
     if cfg.eval.every and data.val is not None:
         trainer.evaluate = Evaluator(cfg, ctx, engine, data.val)
     try:
@@ -140,7 +152,10 @@ def train_rank(
     activations = (
         activation_report(cfg, engine.module, probe_inputs, probe_targets) if ctx.is_main else {}
     )
-    accuracy = exact_match(engine.module, dataset.eval_problems(), cfg.model.seq_len, ctx.device)
+    with eager():  # a new shape every decoding step: not worth compiling
+        accuracy = exact_match(
+            engine.module, dataset.eval_problems(), cfg.model.seq_len, ctx.device
+        )
     shape = RunShape(
         world_size=ctx.world_size,
         dp=split.dp,
@@ -185,7 +200,8 @@ def run_worker(cfg: RootConfig, run_dir: Path) -> RunEnd:
         if ctx.is_main and restart_attempt() == 0:
             clear_stopped(run_dir)  # left by an earlier job in this run directory
         try:
-            return train_rank(cfg, run_dir, ctx, stop)
+            with compile_errors(cfg.train.compile):
+                return train_rank(cfg, run_dir, ctx, stop)
         except BaseException:
             if ctx.world_size > 1:
                 # Leave the rank's error where the launcher can name it.

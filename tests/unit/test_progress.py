@@ -59,3 +59,15 @@ def test_a_resumed_run_counts_from_its_first_step() -> None:
     clock.now = 2.0
     progress.update(21, 1.0, 100.0)  # resumed after step 20: one step in 2 s
     assert eta_shown(out) == pytest.approx(19 * 2.0)
+
+
+def test_the_compile_time_is_shown_on_the_line_of_the_step_that_compiled() -> None:
+    clock, out = FakeClock(), io.StringIO()
+    progress = Progress(total=40, every=10, stream=out, clock=clock)
+    for step in range(1, 4):
+        clock.now = float(step)
+        progress.update(step, 1.0, 100.0, compile_s=6.25 if step == 3 else None)
+    lines = out.getvalue().splitlines()
+    # Step 1 (the first) and step 3 (it compiled), though every=10 shows neither otherwise.
+    assert [line.split()[1] for line in lines] == ["1/40", "3/40"]
+    assert " compile 6.2s " in lines[1] and "compile" not in lines[0]

@@ -96,6 +96,7 @@ SUMMARY_KEYS = [
     "tokens",
     "tokens_per_s",
     "train_seconds",
+    "compile_s",
     "peak_memory_bytes",
     "planned_peak_bytes",
     "peak_rss_bytes",
