@@ -5,6 +5,8 @@ names become the user's own and the load is strict."""
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 import torch
 from torch import nn
 
@@ -21,7 +23,7 @@ OUTER_PREFIXES = ("model_optim.model.", "module.")
 """Around a whole model: a DCP state's key, DDP's and DeepSpeed's wrapper."""
 
 
-def user_name(name: str, names: set[str] | dict[str, object]) -> str:
+def user_name(name: str, names: Container[str]) -> str:
     """The model's own name for a weight read as `name`."""
     if name in names:
         return name
