@@ -46,7 +46,7 @@ def compile_blocks(model: nn.Module, ac: AcConfig, blocks_path: str | None = Non
         # graph dynamic on the first shape change (a validation batch) instead of compiling
         # one graph per shape, as dynamic=False would.
         block.compile()
-    log.info(f"compile: the {len(found)} blocks at {found.path} compile at the first step")
+    log.info(f"compile: the {len(found)} blocks at {found.path} compile when they first run")
     return len(found)
 
 
