@@ -185,27 +185,10 @@ class Checkpointer:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)  # a save of this step that was interrupted
         meta = self._meta(step)
-        engine = self.trainer.engine
         if self.group is not None:
-            group = self.group
-            writing: list[Future[Any]] = []
-            self._agree(
-                self._attempt(
-                    lambda: writing.append(
-                        self._write_rank_files(
-                            tmp, lambda d: engine.save_checkpoint_async(d, group)
-                        )
-                    )
-                ),
-                tmp,
-            )
-
-            def finish() -> None:
-                self._agree(self._attempt(lambda: _written(writing[0])), tmp, group)
-                self._complete(tmp, final, meta, started, group)
-
-            self.pending = BackgroundSave(step, final, finish)
+            self.pending = self._save_in_background(step, tmp, final, meta, started, self.group)
             return final
+        engine = self.trainer.engine
         # Every rank's files are closed before the marker lists them; a failed write on any rank
         # (a full disk) fails the save on every rank, and the last complete checkpoint stays.
         self._agree(
@@ -217,6 +200,32 @@ class Checkpointer:
         self._complete(tmp, final, meta, started, None)
         self.last_saved = (step, final)
         return final
+
+    def _save_in_background(
+        self,
+        step: int,
+        tmp: Path,
+        final: Path,
+        meta: dict[str, Any],
+        started: float,
+        group: dist.ProcessGroup,
+    ) -> BackgroundSave:
+        """Collective: every rank's state copied now; then written, agreed on over `group`,
+        recorded and renamed into place by a background thread while training goes on."""
+        engine = self.trainer.engine
+        writing: list[Future[Any]] = []
+
+        def start() -> None:
+            write = lambda d: engine.save_checkpoint_async(d, group)  # noqa: E731
+            writing.append(self._write_rank_files(tmp, write))
+
+        self._agree(self._attempt(start), tmp)
+
+        def finish() -> None:
+            self._agree(self._attempt(lambda: _written(writing[0])), tmp, group)
+            self._complete(tmp, final, meta, started, group)
+
+        return BackgroundSave(step, final, finish)
 
     def wait(self) -> None:
         """Collective: finish the asynchronous save in flight, if any; its error is raised here."""
