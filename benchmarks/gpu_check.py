@@ -23,6 +23,7 @@ CUDA device it says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -225,6 +226,8 @@ def section_memory(ctx: Context) -> list[Row]:
                 "batch.micro_size=2",
             ]
             try:
+                if engine == "zero3" and importlib.util.find_spec("deepspeed") is None:
+                    raise Unavailable("deepspeed is not installed (pip install deepspeed)")
                 s = train(ctx, overrides, ctx.work / f"memory_{engine}_{ac}")
                 rows.append(plan_row("memory", name, s))
             except Exception as exc:
