@@ -168,7 +168,7 @@ def section_mfu(ctx: Context) -> list[Row]:
             figures = {
                 "mfu": steady_mfu(s, skip=4),
                 "tokens_per_s": s.get("tokens_per_s"),
-                "micro_size": s.get("shape", {}).get("micro_size"),
+                "micro_size": s.get("micro_size"),
                 "peak_memory_gib": _gib(s.get("peak_memory_bytes")),
                 "device": s.get("device"),
                 "compile_s": s.get("compile_s"),
