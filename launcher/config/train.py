@@ -135,7 +135,7 @@ class CheckpointConfig:
     """Resume although a data source (data.path, data.val_path, the tokenizer's files) changed
     since the checkpoint was saved (without it such a resume is refused)."""
     async_: bool = False
-    """checkpoint.async: training goes on while a checkpoint is written (a copy of the state is
+    """Training goes on while a checkpoint is written (a copy of the state is
     taken first; the next save waits for the previous one). ddp and fsdp only."""
 
     def __post_init__(self) -> None:
