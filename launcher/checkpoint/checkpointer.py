@@ -17,13 +17,15 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from launcher.checkpoint.background import BackgroundSave, checkpoint_group
 from launcher.checkpoint.compat import check_compatible, fingerprint
 from launcher.checkpoint.files import (
     ENGINE_DIR,
@@ -57,22 +59,30 @@ if TYPE_CHECKING:
 
 log = get_logger("checkpoint")
 
+_T = TypeVar("_T")
+
 
 # --- the worker side -----------------------------------------------------------------------------
 
 
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+def _barrier(group: dist.ProcessGroup | None = None) -> None:
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.barrier(group=group)
 
 
-def _worst(status: int, device: torch.device) -> int:
-    """The largest of every rank's status (collective)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+def _worst(status: int, device: torch.device, group: dist.ProcessGroup | None = None) -> int:
+    """The largest of every rank's status (collective over `group`: the default one on
+    `device`, or the asynchronous writer's gloo group on the CPU)."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return status
-    flag = torch.tensor([status], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    flag = torch.tensor([status], dtype=torch.int32, device=device if group is None else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     return int(flag.item())
+
+
+def _written(future: Future[Any]) -> None:
+    """Wait for a background write; its error, if any, is raised."""
+    future.result()
 
 
 def _cause(exc: BaseException) -> str:
@@ -114,6 +124,12 @@ class Checkpointer:
         self.cfg, self.run_dir, self.ctx, self.trainer = cfg, run_dir, ctx, trainer
         self.root = checkpoints_dir(run_dir)
         self.last_saved: tuple[int, Path] | None = None
+        self.pending: BackgroundSave | None = None
+        """The asynchronous save in flight (checkpoint.async=true)."""
+        self.before_marker: Callable[[int], None] | None = None
+        """Called on rank 0 with the step before a completion record is written (a test's
+        pause: launcher/worker/debug.py)."""
+        self.group = checkpoint_group() if self.enabled and cfg.checkpoint.async_ else None
 
     @property
     def enabled(self) -> bool:
@@ -130,13 +146,17 @@ class Checkpointer:
             self.save()
 
     def save_final(self) -> Path | None:
-        """At the end of training, or at a graceful stop; nothing new when this step is saved."""
+        """At the end of training, or at a graceful stop; nothing new when this step is saved.
+        Returns once every save, an asynchronous one too, is complete."""
         if not self.enabled:
             return None
         self.trainer.flush()
-        if self.last_saved is not None and self.last_saved[0] == self.trainer.step:
-            return self.last_saved[1]
-        return self.save()
+        self.wait()
+        if self.last_saved is None or self.last_saved[0] != self.trainer.step:
+            self.save()
+            self.wait()
+        assert self.last_saved is not None
+        return self.last_saved[1]
 
     def stop(self, reason: str | None) -> Path | None:
         """A graceful stop: save this step, leave stopped.json, and only then let the ranks exit
@@ -153,6 +173,9 @@ class Checkpointer:
         return saved
 
     def save(self) -> Path:
+        """Collective: save this step. With checkpoint.async=true the state is copied and the
+        save finished in the background (wait() or the next save collects it)."""
+        self.wait()  # at most one save in flight
         # The step in flight is logged first: metrics.jsonl and the saved totals include it.
         self.trainer.flush()
         step, ctx = self.trainer.step, self.ctx
@@ -162,32 +185,89 @@ class Checkpointer:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)  # a save of this step that was interrupted
         meta = self._meta(step)
+        if self.group is not None:
+            self.pending = self._save_in_background(step, tmp, final, meta, started, self.group)
+            return final
+        engine = self.trainer.engine
         # Every rank's files are closed before the marker lists them; a failed write on any rank
         # (a full disk) fails the save on every rank, and the last complete checkpoint stays.
-        self._agree(self._attempt(lambda: self._write_rank_files(tmp, meta)), tmp)
-        error = None
-        if ctx.is_main:
-            error = self._attempt(lambda: self._write_marker(tmp, meta, step))
-        self._agree(error, tmp)
-        if ctx.is_main:
-            commit(tmp, final)
-            prune(self.run_dir, self.cfg.checkpoint.keep, final)
-            log.info(f"saved checkpoint {final} ({time.perf_counter() - started:.1f}s)")
-        _barrier()  # nobody moves on (or exits) before the checkpoint is in place
+        self._agree(
+            self._attempt(
+                lambda: self._write_rank_files(tmp, lambda d: engine.save_checkpoint(d, meta))
+            ),
+            tmp,
+        )
+        self._complete(tmp, final, meta, started, None)
         self.last_saved = (step, final)
         return final
 
-    def _write_rank_files(self, tmp: Path, meta: dict[str, Any]) -> None:
+    def _save_in_background(
+        self,
+        step: int,
+        tmp: Path,
+        final: Path,
+        meta: dict[str, Any],
+        started: float,
+        group: dist.ProcessGroup,
+    ) -> BackgroundSave:
+        """Collective: every rank's state copied now; then written, agreed on over `group`,
+        recorded and renamed into place by a background thread while training goes on."""
+        engine = self.trainer.engine
+        writing: list[Future[Any]] = []
+
+        def start() -> None:
+            write = lambda d: engine.save_checkpoint_async(d, group)  # noqa: E731
+            writing.append(self._write_rank_files(tmp, write))
+
+        self._agree(self._attempt(start), tmp)
+
+        def finish() -> None:
+            self._agree(self._attempt(lambda: _written(writing[0])), tmp, group)
+            self._complete(tmp, final, meta, started, group)
+
+        return BackgroundSave(step, final, finish)
+
+    def wait(self) -> None:
+        """Collective: finish the asynchronous save in flight, if any; its error is raised here."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.wait()
+            self.last_saved = (pending.step, pending.final)
+
+    def _complete(
+        self,
+        tmp: Path,
+        final: Path,
+        meta: dict[str, Any],
+        started: float,
+        group: dist.ProcessGroup | None,
+    ) -> None:
+        """Collective over `group`, once every rank's files are written: the completion record,
+        then the rename into place and the pruning of older checkpoints."""
+        error = None
+        if self.ctx.is_main:
+            if self.before_marker is not None:
+                self.before_marker(meta["step"])
+            error = self._attempt(lambda: self._write_marker(tmp, meta, meta["step"]))
+        self._agree(error, tmp, group)
+        if self.ctx.is_main:
+            commit(tmp, final)
+            prune(self.run_dir, self.cfg.checkpoint.keep, final)
+            log.info(f"saved checkpoint {final} ({time.perf_counter() - started:.1f}s)")
+        _barrier(group)  # nobody moves on (or exits) before the checkpoint is in place
+
+    def _write_rank_files(self, tmp: Path, write_engine: Callable[[Path], _T]) -> _T:
         ctx = self.ctx
         if ctx.is_main:
             tmp.mkdir()
         _barrier()
-        self.trainer.engine.save_checkpoint(tmp / ENGINE_DIR, meta)
+        written = write_engine(tmp / ENGINE_DIR)
         (tmp / RNG_DIR).mkdir(parents=True, exist_ok=True)
         with open(tmp / RNG_DIR / f"rank_{ctx.rank}.pt", "wb") as f:
             torch.save(rng_state(ctx.device), f)
             f.flush()
             os.fsync(f.fileno())
+        return written
 
     def _write_marker(self, tmp: Path, meta: dict[str, Any], step: int) -> None:
         meta = {**meta, "data": data_identity(self.cfg.data)}  # digests cached: cheap
@@ -203,11 +283,13 @@ class Checkpointer:
             return exc
         return None
 
-    def _agree(self, error: BaseException | None, tmp: Path) -> None:
-        """Collective: go on when every rank's write succeeded; otherwise remove the partial
-        save and raise on every rank (NoSpaceLeft when the disk is full)."""
+    def _agree(
+        self, error: BaseException | None, tmp: Path, group: dist.ProcessGroup | None = None
+    ) -> None:
+        """Collective over `group`: go on when every rank's write succeeded; otherwise remove the
+        partial save and raise on every rank (NoSpaceLeft when the disk is full)."""
         status = 0 if error is None else 2 if is_disk_full(error, self.root) else 1
-        status = _worst(status, self.ctx.device)
+        status = _worst(status, self.ctx.device, group)
         if status == 0:
             return
         if self.ctx.is_main:

@@ -12,10 +12,12 @@ import io
 import logging
 import pickle
 import warnings
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint._traverse import set_element
@@ -111,6 +113,17 @@ class ModelAndOptimizer(Stateful):
 def save(directory: Path, state: dict[str, Any]) -> None:
     """Collective: every rank writes its shard of `state` (Stateful values are asked for theirs)."""
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(directory), sync_files=True))
+
+
+def save_async(directory: Path, state: dict[str, Any], group: dist.ProcessGroup) -> Future[Any]:
+    """Collective: copy this rank's shard of `state` to host memory now (the writer's staging),
+    then write it from DCP's background thread; the future ends when this rank's files and, on
+    the coordinator, `.metadata` are written. `group` must be a gloo group of its own: the
+    writer's collectives run while training uses the default group."""
+    writer = dcp.FileSystemWriter(str(directory), sync_files=True)
+    started = dcp.async_save(state, storage_writer=writer, process_group=group)
+    # With the writer as the stager, staging is done on return and the answer is a plain Future.
+    return started if isinstance(started, Future) else started.upload_completion
 
 
 def load(directory: Path, state: dict[str, Any]) -> None:

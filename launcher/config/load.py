@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from launcher.config.keywords import fields_to_keys, keys_to_fields
 from launcher.config.model import ModelConfig, UserModelConfig, is_user_model, split_user_model
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError, LauncherError
@@ -52,7 +53,8 @@ def _unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
 def to_root_config(cfg: DictConfig | dict[str, Any]) -> RootConfig:
     """Validate every section and the combinations; raise ConfigError naming the key."""
     try:
-        node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+        node = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg.copy()
+        keys_to_fields(node)  # checkpoint.async -> the field async_
         unknown = _unknown_keys(node, RootConfig)
         if unknown:
             raise ConfigError(
@@ -107,6 +109,7 @@ def _node(cfg: RootConfig) -> DictConfig:
     node = OmegaConf.structured(cfg)
     if isinstance(cfg.model, UserModelConfig):
         node.model = cfg.model.plain()
+    fields_to_keys(node)
     return node
 
 

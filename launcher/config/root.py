@@ -9,7 +9,7 @@ from launcher.config.ac import AcConfig
 from launcher.config.checks import require_finite
 from launcher.config.cluster import ClusterConfig, ClusterKind
 from launcher.config.data import DataConfig
-from launcher.config.engine import EngineConfig
+from launcher.config.engine import EngineConfig, EngineName
 from launcher.config.eval import EvalConfig
 from launcher.config.export import ExportConfig
 from launcher.config.model import AnyModelConfig, ModelConfig
@@ -74,6 +74,14 @@ class RootConfig:
                 f"a validation loss needs held-out data, and data={self.data.name.value} has none.",
                 "add data.val_path=FILE (tokens, hf, text) or data.holdout=N (the last N samples),"
                 " or set eval.every=0.",
+            )
+
+        if self.checkpoint.async_ and self.engine.name == EngineName.deepspeed:
+            raise ConfigError(
+                ["checkpoint.async", "engine"],
+                "asynchronous checkpoints are written with torch.distributed.checkpoint, which "
+                "engine=deepspeed does not use (DeepSpeed saves its own format, synchronously).",
+                "set checkpoint.async=false, or use engine=fsdp or engine=ddp.",
             )
 
     def split(self) -> BatchSplit:

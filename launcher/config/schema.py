@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.config.keywords import key_name
 from launcher.config.model import ModelConfig, UserModelConfig
 from launcher.config.root import RootConfig
 
@@ -129,7 +130,7 @@ def schema_keys(root: type = RootConfig) -> dict[str, Key]:
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):
             tp, optional = split_optional(hints[f.name])
-            name = prefix + f.name
+            name = prefix + key_name(f.name)
             if cls is RootConfig and f.name == "model":
                 for schema in MODEL_SCHEMAS:
                     walk(schema, name + ".")

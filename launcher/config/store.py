@@ -5,6 +5,7 @@ from __future__ import annotations
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from launcher.config.keywords import fields_to_keys
 from launcher.config.root import RootConfig
 
 
@@ -14,4 +15,5 @@ def register_configs() -> None:
     # shape or a user model's own keys (`_target_` and its arguments). It is typed afterwards,
     # by launcher.config.load, against ModelConfig or UserModelConfig.
     node.model = {}
+    fields_to_keys(node)  # checkpoint.async: a Python keyword, the field is async_
     ConfigStore.instance().store(name="base_config", node=node)

@@ -138,6 +138,9 @@ class CheckpointConfig:
     allow_data_change: bool = False
     """Resume although a data source (data.path, data.val_path, the tokenizer's files) changed
     since the checkpoint was saved (without it such a resume is refused)."""
+    async_: bool = False
+    """Training goes on while a checkpoint is written (a copy of the state is
+    taken first; the next save waits for the previous one). ddp and fsdp only."""
 
     def __post_init__(self) -> None:
         require_non_negative("checkpoint.every", self.every)
@@ -156,7 +159,11 @@ class DebugConfig:
     """The rank that raises at debug.raise_at_step."""
     step_sleep_s: float = 0.0
     """Sleep after every optimizer step, so a test can signal or kill a run mid-way."""
+    pause_save_at_step: int | None = None
+    """Hold the save of this step before its completion record is written (rank 0 leaves
+    save_paused.json in the run directory and waits forever), so a test can kill the run there."""
 
     def __post_init__(self) -> None:
         require_finite("debug", self)
         require_non_negative("debug.step_sleep_s", self.step_sleep_s)
+        require_positive("debug.pause_save_at_step", self.pause_save_at_step, allow_none=True)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from launcher.config.root import RootConfig
@@ -77,6 +79,11 @@ class Engine(ABC):
         client_state (step, totals) is also in the checkpoint's meta.json; engines may ignore it.
         """
 
+    def save_checkpoint_async(self, directory: Path, group: dist.ProcessGroup) -> Future[Any]:
+        """Collective: what save_checkpoint writes, from a copy taken now, written in the
+        background (checkpoint.async=true; the config refuses it for engines without it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous checkpoints")
+
     @abstractmethod
     def load_checkpoint(self, directory: Path) -> dict[str, Any]:
         """Collective: restore what save_checkpoint wrote (resharding where the format can)."""
@@ -108,6 +115,11 @@ class TorchOptimizerEngine(Engine):
 
         del client_state  # in meta.json already
         dcp.save(directory, self.dcp_state())
+
+    def save_checkpoint_async(self, directory: Path, group: dist.ProcessGroup) -> Future[Any]:
+        from launcher.checkpoint import dcp
+
+        return dcp.save_async(directory, self.dcp_state(), group)
 
     def load_checkpoint(self, directory: Path) -> dict[str, Any]:
         from launcher.checkpoint import dcp

@@ -7,9 +7,14 @@ function.
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from launcher.config.root import RootConfig
+from launcher.rundir import SAVE_PAUSED_FILE
 from launcher.training.hooks import StepCallback
 from launcher.training.loss import LossFn, per_micro_batch_mean, token_exact_loss
 
@@ -50,6 +55,26 @@ def debug_callbacks(cfg: RootConfig, rank: int) -> list[StepCallback]:
     if debug.step_sleep_s:
         callbacks.append(SleepAfterStep(debug.step_sleep_s))
     return callbacks
+
+
+class PauseSave:
+    """Hold the save of step `at` before its completion record, forever: its files are written
+    (asynchronously or not), nothing marks them complete, and a test kills the run there. The
+    pause is announced in the run directory, so the test waits for a file, not for time."""
+
+    def __init__(self, at: int, run_dir: Path) -> None:
+        self.at, self.run_dir = at, run_dir
+
+    def __call__(self, step: int) -> None:
+        if step != self.at:
+            return
+        (self.run_dir / SAVE_PAUSED_FILE).write_text(json.dumps({"step": step}) + "\n")
+        threading.Event().wait()
+
+
+def save_pause(cfg: RootConfig, run_dir: Path) -> Callable[[int], None] | None:
+    at = cfg.debug.pause_save_at_step
+    return PauseSave(at, run_dir) if at is not None else None
 
 
 def loss_function(cfg: RootConfig) -> LossFn:

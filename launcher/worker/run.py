@@ -44,7 +44,7 @@ from launcher.worker.compile import (
     compile_seconds,
     eager,
 )
-from launcher.worker.debug import debug_callbacks, loss_function
+from launcher.worker.debug import debug_callbacks, loss_function, save_pause
 from launcher.worker.evaluate import exact_match
 from launcher.worker.stop import (
     StopFlag,
@@ -117,6 +117,7 @@ def train_rank(
     tracker = start_tracking(cfg, run_dir, ctx)
     trainer = Trainer(cfg, ctx, engine, dataset, tracker, loss_fn=loss_function(cfg))
     checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
+    checkpoints.before_marker = save_pause(cfg, run_dir)
     # The measured peak of the first steps, against the plan (before a checkpoint is saved).
     planned = planned_peak_bytes(run_dir)
     meter = PeakMeter(ctx.device, engine.model, cfg.train.steps, planned, ctx.is_main)
