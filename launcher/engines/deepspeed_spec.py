@@ -65,7 +65,9 @@ class DeepSpeedSpec(EngineSpec):
         return cfg.engine.zero_stage
 
     def short_name(self, cfg: RootConfig) -> str:
-        return f"zero{cfg.engine.zero_stage}"
+        offload = cfg.engine.offload
+        suffix = f"+offload_{offload.value}" if offload != Offload.none else ""
+        return f"zero{cfg.engine.zero_stage}{suffix}"
 
     def extra_files(self, cfg: RootConfig) -> dict[str, str]:
         return {DS_CONFIG_FILE: ds_config_json(cfg)}
