@@ -45,6 +45,8 @@ class Plan:
     tokens_per_step: int
     engine: str
     zero_stage: int | None
+    engine_options: list[str]
+    """The engine's options in words (hybrid sharding, offload): EngineSpec.describe."""
     ac: str
     precision: str
     parameters: int
@@ -89,6 +91,7 @@ class Plan:
             f"{self.seq_len})",
             f"model       {self.parameters:,} parameters, {self.precision}",
             f"engine      {self.engine}{stage}, recompute: {self.ac}",
+            *(f"            {line}" for line in self.engine_options),
             "recompute   " + _recompute_table(self.activation_estimates, self.ac),
             *memory_table(self.memory_plan, self.memory_budget_bytes, self.memory_choice),
             f"runner      {self.runner}",
@@ -138,7 +141,10 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
     info = inspect_model(cfg)
     budget = memory_budget(cfg, runner)
     cfg, choice = plan_split(cfg, info, runner, budget)
-    auto = choice.request != {"batch.micro_size": cfg.batch.micro_size, "ac": cfg.ac.policy.value}
+    auto = choice.variant is not None or choice.request != {
+        "batch.micro_size": cfg.batch.micro_size,
+        "ac": cfg.ac.policy.value,
+    }
     command = runner.command(cfg, run_dir)
     runner_files = runner.files(cfg, run_dir)
     engine = engine_spec(cfg.engine.name)
@@ -159,6 +165,7 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
         tokens_per_step=split.global_size * cfg.model.seq_len,
         engine=cfg.engine.name.value,
         zero_stage=engine.zero_stage(cfg),
+        engine_options=engine.describe(cfg),
         ac=cfg.ac.policy.value,
         precision=cfg.train.precision.value,
         parameters=params,

@@ -31,10 +31,15 @@ def check_environment(cfg: RootConfig, runner: Runner | None = None) -> RootConf
     """Runtime checks that need this machine: devices, data files. Returns cfg with absolute
     paths."""
     cfg = prepare_data(cfg)  # absolute paths; every data file read and checked once
-    device_type = (runner or runner_for(cfg)).check_environment(cfg)
+    check_engine(cfg, runner or runner_for(cfg))
+    return cfg
+
+
+def check_engine(cfg: RootConfig, runner: Runner) -> None:
+    """What the engine refuses on the ranks' devices."""
+    device_type = runner.check_environment(cfg)
     if device_type is not None:  # None: the ranks run elsewhere (SLURM), on devices unseen here
         engine_spec(cfg.engine.name).check_environment(cfg, device_type)
-    return cfg
 
 
 def refuse_started_run(run_dir: Path) -> None:
@@ -87,5 +92,7 @@ def prepare_run(
     cfg = check_resume(cfg, run_dir)  # a refused resume fails here, before anything is written
     plan = build_plan(cfg, run_dir, runner)
     cfg = plan.config or cfg  # batch.micro_size=auto, ac=auto: the chosen values the ranks run
+    if plan.memory_choice is not None:  # auto may have chosen an engine option (offload)
+        check_engine(cfg, runner)
     write_run_files(cfg, run_dir, plan)
     return cfg, runner, plan

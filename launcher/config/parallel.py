@@ -25,10 +25,22 @@ class ParallelConfig:
     """Data-parallel ranks in all (world size). Ranks per node = dp / nodes."""
     nodes: int = 1
     """Nodes to spread the ranks over; more than one needs cluster=slurm."""
+    replicate: int | None = None
+    """engine=fsdp: hybrid sharding (HSDP), state sharded over dp / replicate ranks and replicated
+    over `replicate` groups. null: the number of nodes on a multi-node job with more than one rank
+    per node (all-gathers stay inside a node), else 1 (plain FSDP)."""
 
     def __post_init__(self) -> None:
         require_positive("parallel.dp", self.dp)
         require_positive("parallel.nodes", self.nodes)
+        require_positive("parallel.replicate", self.replicate, allow_none=True)
+        if self.replicate is not None and self.dp % self.replicate:
+            raise ConfigError(
+                ["parallel.replicate", "parallel.dp"],
+                f"dp={self.dp} ranks do not split into replicate={self.replicate} equal groups.",
+                "make parallel.replicate a divisor of parallel.dp (e.g. "
+                f"parallel.replicate={self.nodes if self.dp % self.nodes == 0 else 1}).",
+            )
         if self.dp % self.nodes:
             raise ConfigError(
                 ["parallel.dp", "parallel.nodes"],
@@ -40,6 +52,11 @@ class ParallelConfig:
     @property
     def ranks_per_node(self) -> int:
         return self.dp // self.nodes
+
+    def default_replicate(self) -> int:
+        """parallel.replicate=null under FSDP: one replica per node when a node holds several
+        ranks (shard within the node's fast links, replicate across nodes), else 1."""
+        return self.nodes if self.nodes > 1 and self.ranks_per_node > 1 else 1
 
 
 @dataclass

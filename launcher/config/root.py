@@ -60,6 +60,13 @@ class RootConfig:
                 f"cluster={self.cluster.name.value}.",
                 "add cluster=slurm, or set parallel.nodes=1.",
             )
+        if (self.parallel.replicate or 1) > 1 and self.engine.name != EngineName.fsdp:
+            raise ConfigError(
+                ["parallel.replicate", "engine"],
+                f"hybrid sharding (replicate={self.parallel.replicate}) is FSDP2's; engine is "
+                f"{self.engine.name.value}.",
+                "add engine=fsdp, or drop parallel.replicate.",
+            )
         if self.data.max_len * 2 + 2 > self.model.seq_len and self.data.name.value == "reverse":
             raise ConfigError(
                 ["data.max_len", "model.seq_len"],
@@ -75,7 +82,6 @@ class RootConfig:
                 "add data.val_path=FILE (tokens, hf, text) or data.holdout=N (the last N samples),"
                 " or set eval.every=0.",
             )
-
         if self.checkpoint.async_ and self.engine.name == EngineName.deepspeed:
             raise ConfigError(
                 ["checkpoint.async", "engine"],
@@ -83,6 +89,14 @@ class RootConfig:
                 "engine=deepspeed does not use (DeepSpeed saves its own format, synchronously).",
                 "set checkpoint.async=false, or use engine=fsdp or engine=ddp.",
             )
+
+    def replicas(self) -> int:
+        """HSDP's replica groups: parallel.replicate, its default under FSDP, 1 otherwise."""
+        if self.engine.name != EngineName.fsdp:
+            return 1
+        if self.parallel.replicate is not None:
+            return self.parallel.replicate
+        return self.parallel.default_replicate()
 
     def split(self) -> BatchSplit:
         """The resolved batch split (the one function that does batch arithmetic)."""

@@ -7,11 +7,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from launcher.config.engine import EngineName
+from launcher.config.engine import EngineName, Offload
 from launcher.config.root import RootConfig
 from launcher.engines.ds_config import build_ds_config, ds_config_json
 from launcher.engines.precision import bytes_per_element, is_reduced, needs_loss_scaling
-from launcher.engines.spec import EngineSpec, with_engine
+from launcher.engines.spec import (
+    EngineSpec,
+    offloaded,
+    trains_on_gpu,
+    with_engine,
+    with_offload,
+)
 from launcher.errors import ConfigError
 from launcher.memory.shape import FP32, ModelShape
 from launcher.rundir import DS_CONFIG_FILE
@@ -42,6 +48,12 @@ def _zero(ds_config: dict[str, Any], key: str, stage: int) -> Any:
     return zero.get(key, DS_DEFAULTS.get(key))
 
 
+def _persistent(ds_config: dict[str, Any], shape: ModelShape) -> int:
+    """ZeRO-3's parameters kept whole on every rank: those up to the persistence threshold."""
+    limit = int(_zero(ds_config, "stage3_param_persistence_threshold", 3))
+    return sum(n for n in shape.parameter_sizes if n <= limit)
+
+
 class DeepSpeedSpec(EngineSpec):
     name = EngineName.deepspeed
     label = "DeepSpeed"
@@ -53,7 +65,9 @@ class DeepSpeedSpec(EngineSpec):
         return cfg.engine.zero_stage
 
     def short_name(self, cfg: RootConfig) -> str:
-        return f"zero{cfg.engine.zero_stage}"
+        offload = cfg.engine.offload
+        suffix = f"+offload_{offload.value}" if offload != Offload.none else ""
+        return f"zero{cfg.engine.zero_stage}{suffix}"
 
     def extra_files(self, cfg: RootConfig) -> dict[str, str]:
         return {DS_CONFIG_FILE: ds_config_json(cfg)}
@@ -93,8 +107,7 @@ class DeepSpeedSpec(EngineSpec):
             # Parameters up to the persistence threshold stay whole on every rank; the others are
             # sharded, and gathered ones stay gathered while they will be reused soon (DeepSpeed's
             # max_reuse_distance), up to max_live_parameters: all of them, for models under 1e9.
-            limit = int(_zero(ds_config, "stage3_param_persistence_threshold", stage))
-            persistent = sum(n for n in shape.parameter_sizes if n <= limit)
+            persistent = _persistent(ds_config, shape)
             sharded = p - persistent
             live = min(sharded, int(_zero(ds_config, "stage3_max_live_parameters", stage)))
             parameters = persistent * width + sharded * width // dp
@@ -110,6 +123,29 @@ class DeepSpeedSpec(EngineSpec):
             "precision_copies": master,
             "comm_buffers": buckets,
         }
+
+    def host_parts(self, cfg: RootConfig, shape: ModelShape) -> dict[str, int]:
+        """ZeRO-Offload: the optimizer's partition (moments, fp32 master, the fp32 gradients it
+        steps) in host memory; offload_param also the sharded 16-bit parameters (the persistent
+        ones and the gathered ones stay on the device)."""
+        offload = cfg.engine.offload
+        if offload == Offload.none:
+            return {}
+        parts = self.memory_parts(cfg, shape)
+        host = offloaded(parts, ("gradients", "optimizer_state", "precision_copies"))
+        if offload == Offload.params:
+            width = bytes_per_element(cfg.train.precision)
+            persistent = _persistent(build_ds_config(cfg), shape)
+            host["parameters"] = parts["parameters"] - persistent * width
+        return host
+
+    def offload_variants(self, cfg: RootConfig) -> list[tuple[str, RootConfig]]:
+        stage, offload = cfg.engine.zero_stage, cfg.engine.offload
+        if stage == 0 or not trains_on_gpu(cfg):
+            return []
+        more = [Offload.optimizer, Offload.params] if stage == 3 else [Offload.optimizer]
+        more = more[more.index(offload) + 1 :] if offload in more else more
+        return [(f"engine.offload={o.value}", with_offload(cfg, o)) for o in more]
 
     def casts_model(self, cfg: RootConfig) -> bool:
         return is_reduced(cfg.train.precision)

@@ -13,6 +13,7 @@ import copy
 import json
 from typing import Any
 
+from launcher.config.engine import Offload
 from launcher.config.root import RootConfig
 from launcher.config.train import Precision
 from launcher.errors import ConfigError
@@ -28,6 +29,9 @@ DERIVED_FROM = {
     "fp16.enabled": "train.precision",
     # We hand DeepSpeed torch's AdamW (no compiled ops needed, same numbers as ddp/fsdp).
     "zero_allow_untested_optimizer": "engine=deepspeed (torch AdamW as the client optimizer)",
+    "zero_optimization.offload_optimizer.device": "engine.offload",
+    "zero_optimization.offload_param.device": "engine.offload",
+    "zero_force_ds_cpu_optimizer": "engine.offload (torch AdamW steps on the CPU)",
 }
 
 # Sections DeepSpeed would use to replace our AdamW and warmup-cosine schedule.
@@ -53,7 +57,7 @@ def derived_config(cfg: RootConfig) -> dict[str, Any]:
     fp16: dict[str, Any] = {"enabled": precision == Precision.fp16}
     if precision == Precision.fp16:
         fp16.update(FP16_LOSS_SCALING)
-    return {
+    config: dict[str, Any] = {
         "train_batch_size": split.global_size,
         "train_micro_batch_size_per_gpu": split.micro_size,
         "gradient_accumulation_steps": split.grad_accum,
@@ -63,6 +67,16 @@ def derived_config(cfg: RootConfig) -> dict[str, Any]:
         "fp16": fp16,
         "zero_allow_untested_optimizer": True,
     }
+    offload = cfg.engine.offload
+    if offload != Offload.none:
+        # ZeRO-Offload; our torch AdamW steps the CPU partition (DeepSpeedCPUAdam would need its
+        # compiled op, and other numbers than the other engines').
+        zero = config["zero_optimization"]
+        zero["offload_optimizer"] = {"device": "cpu"}
+        if offload == Offload.params:
+            zero["offload_param"] = {"device": "cpu"}
+        config["zero_force_ds_cpu_optimizer"] = False
+    return config
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any], path: str = "") -> None:
@@ -81,8 +95,8 @@ def _merge(base: dict[str, Any], extra: dict[str, Any], path: str = "") -> None:
             _merge(current, value, dotted + ".")
             continue
         owner = DERIVED_FROM.get(dotted)
-        if owner is None and isinstance(current, dict):
-            owner = next(v for k, v in DERIVED_FROM.items() if k.startswith(dotted + "."))
+        if owner is None:  # a section holding derived keys (also one we leave out: offload)
+            owner = next((v for k, v in DERIVED_FROM.items() if k.startswith(dotted + ".")), None)
         if owner is not None and value != current:
             raise ConfigError(
                 [f"engine.extra.{dotted}", owner],

@@ -5,6 +5,10 @@ How the token-exact loss survives FSDP2: the loss each rank backpropagates is al
 of the global token mean, so gradients must be summed over ranks, not averaged. Every unit gets
 a gradient divide factor of 1 and plain SUM reductions (also the only reduction gloo offers for
 reduce-scatter), and grad_divisor = 1.
+
+Hybrid sharding (parallel.replicate=R): a 2-D mesh, R replica groups x dp/R shards; fully_shard
+reduce-scatters within a group and all-reduces across groups, both summing. engine.offload=params:
+CPUOffloadPolicy keeps the shards and the optimizer step on the host (GPUs only, refused earlier).
 """
 
 from __future__ import annotations
@@ -15,11 +19,18 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
+from launcher.config.engine import Offload
 from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
 from launcher.config.train import Precision
@@ -46,15 +57,30 @@ def shard_units(model: nn.Module, blocks_path: str | None = None) -> list[nn.Mod
     return [*found.blocks, model]
 
 
+def device_mesh(cfg: RootConfig, ctx: DistContext) -> DeviceMesh:
+    """All ranks in one shard group, or (HSDP) `replicas` groups of consecutive ranks: a node's
+    ranks are consecutive, so with one replica per node the shards stay on a node."""
+    replicas = cfg.replicas()
+    if replicas == 1:
+        return init_device_mesh(ctx.device.type, (ctx.world_size,))
+    shape = (replicas, ctx.world_size // replicas)
+    return init_device_mesh(ctx.device.type, shape, mesh_dim_names=("replicate", "shard"))
+
+
+def offload_policy(offload: Offload) -> OffloadPolicy:
+    return CPUOffloadPolicy() if offload == Offload.params else OffloadPolicy()
+
+
 class FSDPEngine(TorchOptimizerEngine):
     def __init__(self, cfg: RootConfig, model: nn.Module, ctx: DistContext) -> None:
         super().__init__(cfg)
-        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        mesh = device_mesh(cfg, ctx)
         policy = mixed_precision_policy(cfg.train.precision)
+        offload = offload_policy(cfg.engine.offload)
         model = model.to(ctx.device)
         self.units: list[FSDPModule] = []
         for unit in shard_units(model, blocks_path(cfg.model)):
-            sharded = fully_shard(unit, mesh=mesh, mp_policy=policy)
+            sharded = fully_shard(unit, mesh=mesh, mp_policy=policy, offload_policy=offload)
             sharded.set_gradient_divide_factor(1.0)
             sharded.set_force_sum_reduction_for_comms(True)
             self.units.append(sharded)

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from launcher.config.engine import EngineName
+from launcher.config.engine import EngineName, Offload
 from launcher.config.root import RootConfig
 
 if TYPE_CHECKING:
@@ -34,6 +34,42 @@ def with_engine(cfg: RootConfig, name: EngineName, stage: int = 0) -> RootConfig
     """`cfg` under another engine (or ZeRO stage): a variant the memory plan compares."""
     engine = dataclasses.replace(cfg.engine, name=name, zero_stage=stage)
     return dataclasses.replace(cfg, engine=engine)
+
+
+def with_offload(cfg: RootConfig, offload: Offload) -> RootConfig:
+    """`cfg` with another engine.offload."""
+    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, offload=offload))
+
+
+OFFLOADS = {
+    Offload.optimizer: "the optimizer's state, fp32 master copy and gradients",
+    Offload.params: "the sharded parameters, gradients and optimizer state",
+}
+
+
+def offload_line(cfg: RootConfig) -> list[str]:
+    """The plan's line for engine.offload (the bytes are in the memory plan's host row)."""
+    offload = cfg.engine.offload
+    if offload == Offload.none:
+        return []
+    return [f"offload (engine.offload={offload.value}): {OFFLOADS[offload]} in host memory"]
+
+
+def trains_on_gpu(cfg: RootConfig) -> bool:
+    """Whether the ranks train on GPUs (offload only helps there: on the CPU, host memory is the
+    device's)."""
+    if cfg.train.device != "auto":
+        return cfg.train.device == "cuda"
+    if cfg.cluster.gpus_per_node:
+        return True
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def offloaded(parts: dict[str, int], names: tuple[str, ...]) -> dict[str, int]:
+    """The named parts, all in host memory."""
+    return {name: parts[name] for name in names if parts[name]}
 
 
 class EngineSpec(ABC):
@@ -60,6 +96,10 @@ class EngineSpec(ABC):
         del cfg
         return self.name.value
 
+    def describe(self, cfg: RootConfig) -> list[str]:
+        """The engine's options in words for the plan (hybrid sharding, offload); one line each."""
+        return offload_line(cfg)
+
     def extra_files(self, cfg: RootConfig) -> dict[str, str]:
         """Run-directory files the engine reads (name -> text), generated before anything starts;
         a bad value raises ConfigError here, before anything is written."""
@@ -85,8 +125,21 @@ class EngineSpec(ABC):
     @abstractmethod
     def memory_parts(self, cfg: RootConfig, shape: ModelShape) -> dict[str, int]:
         """Bytes per rank of each of memory.shape.STATE_PARTS (everything but the activations)
-        held at the step's peak: what the engine shards over parallel.dp, the copies it keeps,
-        its communication buffers."""
+        held at the step's peak, wherever they live: what the engine shards over parallel.dp, the
+        copies it keeps, its communication buffers. `host_parts` says how much is in host
+        memory."""
+
+    def host_parts(self, cfg: RootConfig, shape: ModelShape) -> dict[str, int]:
+        """Bytes per rank of each part that engine.offload keeps in host memory (the device holds
+        the rest of memory_parts); empty without offload."""
+        del cfg, shape
+        return {}
+
+    def offload_variants(self, cfg: RootConfig) -> list[tuple[str, RootConfig]]:
+        """Configurations at the same engine that offload more, least first, each with its
+        overrides: what `auto` tries when nothing fits on the device."""
+        del cfg
+        return []
 
     def casts_model(self, cfg: RootConfig) -> bool:
         """Whether the engine holds the model itself in the run's 16-bit dtype (no autocast): the

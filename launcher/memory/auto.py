@@ -4,7 +4,9 @@ Candidates keep the global batch (micro sizes are the divisors of the per-rank b
 follows), so the chosen run trains exactly the run asked for. A candidate fits when its planned
 peak is within the budget less SAFETY_MARGIN. Among those that fit, the fastest by a simple step-
 time model: recompute FLOPs ratio x (1 + MICRO_BATCH_OVERHEAD / micro_size), since small
-micro-batches run below the device's speed; ties go to the larger micro-batch.
+micro-batches run below the device's speed; ties go to the larger micro-batch. Offload
+(engine.offload, EngineSpec.offload_variants) is tried only when nothing fits without it: it
+trades step time for device memory, and the reason says so.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from launcher.config.ac import AcPolicy
 from launcher.config.root import RootConfig
+from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.memory.budget import Budget, over_budget, size
 from launcher.memory.parts import MemoryPlan
@@ -38,6 +41,8 @@ class Choice:
     reason: str
     request: dict[str, Any]
     """What was asked: batch.micro_size and ac as given."""
+    variant: RootConfig | None = None
+    """The engine options chosen with it (engine.offload), when they differ from the request."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,10 +86,18 @@ def choose(planner: Planner, budget: Budget | None) -> Choice:
         key=lambda c: (c[0], c[1]),
     )
     chosen: tuple[int, AcPolicy, MemoryPlan] | None = None
-    for _, neg_micro, policy in order:
-        plan = planner.plan(-neg_micro, policy)
-        if plan.peak <= target:
-            chosen = (-neg_micro, policy, plan)
+    offload: tuple[str, RootConfig] | None = None
+    variants = [("", cfg)]
+    if not exact:  # offload only when nothing fits without it
+        variants += engine_spec(cfg.engine.name).offload_variants(cfg)
+    for key, variant in variants:
+        for _, neg_micro, policy in order:
+            plan = planner.plan(-neg_micro, policy, variant)
+            if plan.peak <= target:
+                chosen = (-neg_micro, policy, plan)
+                break
+        if chosen is not None:
+            offload = (key, variant) if key else None
             break
     if chosen is None:
         plan = (
@@ -103,8 +116,15 @@ def choose(planner: Planner, budget: Budget | None) -> Choice:
     if auto_micro and larger:
         bigger = planner.plan(larger[-1], policy)
         why += f"; batch.micro_size={larger[-1]} would need {size(bigger.peak)}"
+    if offload is not None:
+        moved = size(sum(plan.host_parts.values()))
+        why = (
+            f"nothing fits on the device without offload, so {offload[0]} ({moved} per rank in "
+            f"host memory, slower steps); {why}"
+        )
     reason = _reason(micro, policy, per_rank, why, auto_micro, auto_ac)
-    return Choice(micro, policy, plan, reason, _request(cfg))
+    chosen_variant = offload[1] if offload is not None else None
+    return Choice(micro, policy, plan, reason, _request(cfg), chosen_variant)
 
 
 def _reason(
@@ -121,7 +141,10 @@ def _reason(
 
 
 def resolved(cfg: RootConfig, choice: Choice) -> RootConfig:
-    """The config the ranks run: the chosen micro size (grad_accum derived) and policy."""
+    """The config the ranks run: the chosen micro size (grad_accum derived), policy and
+    offload."""
+    if choice.variant is not None:
+        cfg = dataclasses.replace(cfg, engine=choice.variant.engine)
     if cfg.batch.auto:
         batch = dataclasses.replace(cfg.batch, micro_size=choice.micro_size, grad_accum=None)
         cfg = dataclasses.replace(cfg, batch=batch)

@@ -40,7 +40,9 @@ def divisors_below(n: int, below: int) -> list[int]:
 
 
 def _engine_variants(planner: Planner) -> list[tuple[str, RootConfig]]:
-    return engine_spec(planner.cfg.engine.name).leaner_variants(planner.cfg)
+    """Configurations that shard more, then those that offload more (engine options)."""
+    spec = engine_spec(planner.cfg.engine.name)
+    return [*spec.leaner_variants(planner.cfg), *spec.offload_variants(planner.cfg)]
 
 
 def fixes(planner: Planner, plan: MemoryPlan, budget: int) -> list[str]:

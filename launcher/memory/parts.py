@@ -8,11 +8,13 @@ communication buffers (DDP's gradient buckets, FSDP2's gathered units, DeepSpeed
 the generated ds_config.json), and, engine-neutral, the activations of one micro-batch under the
 recompute policy, peak of backward included (launcher/memory/probe.py measures them).
 The planned peak is the sum: the activation peak comes while the whole model state is held.
+With engine.offload the engine keeps some of its state in host memory (EngineSpec.host_parts): the
+plan's parts and peak are the device's, host_parts and host_bytes the host's, per rank.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.config.root import RootConfig
@@ -35,8 +37,16 @@ FIXES = {
 
 
 def state_parts(cfg: RootConfig, shape: ModelShape) -> dict[str, int]:
-    """Every part but the activations, per rank: the engine's (EngineSpec.memory_parts)."""
-    return engine_spec(cfg.engine.name).memory_parts(cfg, shape)
+    """Every part but the activations on the device, per rank: the engine's
+    EngineSpec.memory_parts less what it offloads (host_parts)."""
+    spec = engine_spec(cfg.engine.name)
+    host = spec.host_parts(cfg, shape)
+    return {name: n - host.get(name, 0) for name, n in spec.memory_parts(cfg, shape).items()}
+
+
+def host_parts(cfg: RootConfig, shape: ModelShape) -> dict[str, int]:
+    """What engine.offload keeps in host memory, per rank (EngineSpec.host_parts)."""
+    return engine_spec(cfg.engine.name).host_parts(cfg, shape)
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,8 @@ class MemoryPlan:
     """Saved for backward at the end of one micro-batch's forward."""
     method: str
     """How the activations were found (launcher/memory/probe.py)."""
+    host_parts: dict[str, int] = field(default_factory=dict)
+    """What engine.offload keeps in host memory, per rank (not in `parts` nor the peak)."""
 
     @property
     def peak(self) -> int:
@@ -67,6 +79,8 @@ class MemoryPlan:
             "ac": self.ac,
             "activation_bytes": self.activation_bytes,
             "activations_method": self.method,
+            "host_parts": dict(self.host_parts),
+            "host_bytes": sum(self.host_parts.values()),
         }
 
 
@@ -77,10 +91,12 @@ def plan_memory(
     micro_size: int,
 ) -> MemoryPlan:
     parts = {**state_parts(cfg, shape), "activations": activations.peak(micro_size)}
+    host = host_parts(cfg, shape)
     return MemoryPlan(
         parts={name: int(parts[name]) for name in PARTS},
         micro_size=micro_size,
         ac=cfg.ac.policy.value,
         activation_bytes=activations.saved(micro_size),
         method=activations.method,
+        host_parts={name: int(n) for name, n in host.items()},
     )

@@ -24,6 +24,10 @@ def memory_table(
         lines.append(f"  {name:<18}{size(n):>14}  {share}")
     against = f"{peak / budget:.0%} of the budget {size(budget)}" if budget else "no budget"
     lines.append(f"  {'planned peak':<18}{size(peak):>14}  {against}")
+    host = memory_plan.get("host_parts") or {}
+    if host:
+        held = ", ".join(f"{name} {size(n)}" for name, n in host.items())
+        lines.append(f"  {'host (offloaded)':<18}{size(sum(host.values())):>14}  {held}")
     if choice is not None:
         lines.append(f"choice      {choice['reason']}")
     return lines

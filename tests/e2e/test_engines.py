@@ -41,6 +41,12 @@ ENGINES = {
     "ddp": ["engine=ddp"],
     "fsdp": ["engine=fsdp"],
     **{f"deepspeed_zero{s}": ["engine=deepspeed", f"engine.zero_stage={s}"] for s in range(4)},
+    # ZeRO-Offload on the CPU: our torch AdamW steps the offloaded partition (no compiled op).
+    "deepspeed_offload_zero2": [
+        "engine=deepspeed",
+        "engine.zero_stage=2",
+        "engine.offload=optimizer",
+    ],
 }
 
 
@@ -96,6 +102,8 @@ def test_curve_matches_one_process(
         assert ds_file.read_text() == ds_config_json(load_config_file(run_dir / "config.yaml"))
         config = json.loads(ds_file.read_text())
         assert config["zero_optimization"]["stage"] == int(name[-1])
+        offloads = config["zero_optimization"].get("offload_optimizer")
+        assert offloads == ({"device": "cpu"} if "offload" in name else None)
         assert (config["train_batch_size"], config["gradient_accumulation_steps"]) == (8, 2)
     else:
         assert not ds_file.exists()
