@@ -42,16 +42,23 @@ def check_engine(cfg: RootConfig, runner: Runner) -> None:
         engine_spec(cfg.engine.name).check_environment(cfg, device_type)
 
 
-def refuse_started_run(run_dir: Path) -> None:
+PLAN_REFUSAL = (
+    "run",
+    "`launch plan` would overwrite the config.yaml that resuming or requeueing it reads.",
+    "plan into a new directory (hydra.run.dir=...), or use `launch train` to resume it.",
+)
+
+
+def refuse_started_run(run_dir: Path, refusal: tuple[str, str, str] = PLAN_REFUSAL) -> None:
     """A dry run never touches a run that has trained: its config.yaml is what a resumed or
-    requeued job reads."""
+    requeued job reads. refusal: (what the directory holds, what the command would do, the fix)."""
     started = [name for name in STARTED_MARKS if (run_dir / name).exists()]
     if started:
+        holds, harm, fix = refusal
         raise ConfigError(
             "hydra.run.dir",
-            f"{run_dir} holds a run that has started ({', '.join(started)}); `launch plan` would "
-            "overwrite the config.yaml that resuming or requeueing it reads.",
-            "plan into a new directory (hydra.run.dir=...), or use `launch train` to resume it.",
+            f"{run_dir} holds a {holds} that has started ({', '.join(started)}); {harm}",
+            fix,
         )
 
 

@@ -18,8 +18,7 @@ from launcher.errors import ConfigError
 from launcher.lifetime import RunLock
 from launcher.logs import get_logger
 from launcher.plan import Plan, build_plan
-from launcher.prepare import check_environment, prepare_run, write_run_files
-from launcher.rundir import STARTED_MARKS
+from launcher.prepare import check_environment, prepare_run, refuse_started_run, write_run_files
 from launcher.runners import Runner, runner_for
 from launcher.runners.inprocess import InProcessRunner
 from launcher.training.batch import divisors
@@ -40,16 +39,16 @@ from launcher.verify.worker import WORKER
 log = get_logger("verify")
 
 
+VERIFY_REFUSAL = (
+    "training run",
+    "`launch verify` would overwrite the config.yaml and plan.json it resumes from.",
+    "verify into a new directory (hydra.run.dir=...), or start new runs with `launch train "
+    "verify.first=true`.",
+)
+
+
 def refuse_training_run(run_dir: Path) -> None:
-    started = [name for name in STARTED_MARKS if (run_dir / name).exists()]
-    if started:
-        raise ConfigError(
-            "hydra.run.dir",
-            f"{run_dir} holds a training run that has started ({', '.join(started)}); `launch "
-            "verify` would overwrite the config.yaml and plan.json it resumes from.",
-            "verify into a new directory (hydra.run.dir=...), or start new runs with `launch "
-            "train verify.first=true`.",
-        )
+    refuse_started_run(run_dir, VERIFY_REFUSAL)
 
 
 def verify_command(cfg: RootConfig, run_dir: Path) -> int:
