@@ -7,4 +7,5 @@ export WANDB_MODE=offline WANDB_SILENT=true
 .venv/bin/ruff check launcher tests benchmarks examples setup.py
 .venv/bin/ruff format --check --quiet launcher tests benchmarks examples setup.py
 .venv/bin/mypy
-.venv/bin/python -m pytest "$@"
+# The slowest tests are listed at the end: where the suite's time goes, in every CI log.
+.venv/bin/python -m pytest --durations=25 "$@"
