@@ -79,6 +79,16 @@ def test_weights_load_strictly_under_the_users_names() -> None:
         load_strict(model, {**weights, "extra": torch.zeros(1)})
 
 
+@pytest.fixture(autouse=True)
+def _keep_torch_linear() -> Iterator[None]:
+    """DeepSpeed's ZeRO-3 replaces torch.nn.functional.linear for the whole process (its
+    memory-efficient linear "persists unless manually reset"); the tests after these, in the same
+    process, count FLOPs and saved tensors of the plain one."""
+    linear = torch.nn.functional.linear
+    yield
+    torch.nn.functional.linear = linear
+
+
 @pytest.fixture
 def ctx() -> Iterator[DistContext]:
     context = init_distributed("cpu")  # a one-rank gloo group in this process
