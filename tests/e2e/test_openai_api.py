@@ -6,6 +6,7 @@ OpenAI's shape, and a client that goes away has its requests cancelled."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -223,7 +224,8 @@ def test_a_client_that_goes_away_is_not_computed_for(server: str, run: Path) -> 
     body = json.dumps({"model": run.name, "prompt": PROMPT, "max_tokens": 28}).encode()
 
     def abandon(_: int) -> None:
-        with pytest.raises(httpx.TimeoutException):
+        # The first request can be answered inside the 50 ms (a tiny model); the rest wait.
+        with contextlib.suppress(httpx.TimeoutException):
             httpx.post(f"{server}/v1/completions", content=body, timeout=0.05)
 
     before = httpx.get(f"{server}/health").json()["cancelled"]
