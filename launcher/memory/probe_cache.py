@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -87,11 +88,11 @@ def probe_key(cfg: RootConfig, policy: str, cast: bool) -> str:
         section: Any = model.plain()
     else:
         section = dataclasses.asdict(model)
+    # The installed version from its metadata: importing transformers costs a second or two at
+    # every launch, even for runs that never use it.
     try:
-        import transformers
-
-        versions = {"transformers": transformers.__version__}
-    except ImportError:
+        versions = {"transformers": importlib.metadata.version("transformers")}
+    except importlib.metadata.PackageNotFoundError:
         versions = {}
     identity = {
         "model": section,

@@ -24,17 +24,23 @@ pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 
 FIXTURES = REPO / "tests" / "fixtures"
 STEPS = ["train.steps=2", "wandb.mode=disabled", "batch.global_size=4"]
-RUNS = {  # one dp=2 run per engine, both model families
-    "llama_fsdp": ("tiny_llama.json", ["engine=fsdp"]),
-    "gpt2_zero3": ("tiny_gpt2.json", ["engine=deepspeed", "engine.zero_stage=3"]),
-    "gpt2_ddp": ("tiny_gpt2.json", ["engine=ddp"]),
+ENGINES = {
+    "fsdp": ["engine=fsdp"],
+    "zero3": ["engine=deepspeed", "engine.zero_stage=3"],
+    "ddp": ["engine=ddp"],
+}
+MODELS = {"llama": "tiny_llama.json", "gpt2": "tiny_gpt2.json"}
+RUNS = {  # a dp=2 run of each model family under each engine
+    f"{model}_{engine}": (config, args)
+    for model, config in MODELS.items()
+    for engine, args in ENGINES.items()
 }
 TEXT = "the cat sat on a mat"
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    """{name: (run dir, export dir)} of the three dp=2 runs, each trained 2 steps and exported."""
+    """{name: (run dir, export dir)} of the six dp=2 runs, each trained 2 steps and exported."""
     root = tmp_path_factory.mktemp("export")
     tok = train_tokenizer(root / "tok")
     texts = write_texts(root / "texts.jsonl", 200)
