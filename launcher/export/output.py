@@ -52,6 +52,7 @@ def commit(tmp: Path, path: Path, overwrite: bool) -> None:
     """Rename the complete export into place; an existing directory (checked again: it may have
     changed while the weights were written) is moved aside first and removed after."""
     check_output(path, overwrite)
+    _usual_modes(tmp)
     if not path.exists():
         tmp.rename(path)
         return
@@ -59,3 +60,13 @@ def commit(tmp: Path, path: Path, overwrite: bool) -> None:
     path.rename(old)
     tmp.rename(path)
     shutil.rmtree(old)
+
+
+def _usual_modes(directory: Path) -> None:
+    """Files as any other file the user creates (0666 less the umask): safetensors writes its
+    files 0600, which other users of a shared model directory could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in directory.iterdir():
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~umask)

@@ -113,13 +113,32 @@ def _replaceable(path: Path) -> bool:
     """True for a regular file or a new path: written as FILE.partial and renamed over it. A
     character device (/dev/null), a FIFO, a socket or /dev/stdout is written in place: renaming
     over one would replace a device node with a file (as root, for every process on the machine).
+    A path under /dev or /proc (/dev/stdout, /dev/fd/1, /proc/self/fd/1) is an open descriptor's
+    name, written in place even when it leads to a regular file: the shell's `> out.txt` holds
+    that file open, and a rename would leave the shell writing to the unlinked old one.
     """
+    spelled = Path(os.path.abspath(path))
+    if spelled.parts[1:2] in (("dev",), ("proc",)):
+        return False
     try:
         return stat.S_ISREG(path.stat().st_mode)  # follows links: /dev/stdout -> the fd's node
     except FileNotFoundError:
         return not path.is_symlink()  # a dangling link is not ours to replace
     except OSError:
         return False
+
+
+def _descriptor(path: Path) -> int | None:
+    """The descriptor a path such as /dev/stdout or /dev/fd/3 names, or None."""
+    spelled = os.path.abspath(path)
+    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+    if spelled in named:
+        return named[spelled]
+    for folder in ("/dev/fd/", "/proc/self/fd/"):
+        number = spelled.removeprefix(folder)
+        if number != spelled and number.isdigit():
+            return int(number)
+    return None
 
 
 def _check_output(path: Path) -> None:
@@ -143,6 +162,12 @@ def _generate_to_file(engine: Any, requests: Any, path: Path, generate: Any) -> 
     """A regular file: into FILE.partial, renamed to FILE when every request is answered (an
     interrupted run never leaves a truncated FILE, nor destroys the one that was there); through
     a link, the file it names is replaced and the link kept. Anything else is written in place."""
+    descriptor = _descriptor(path)
+    if descriptor is not None:  # the open file itself, at its offset: opening it anew truncates
+        sys.stdout.flush()
+        with open(os.dup(descriptor), "w", encoding="utf-8") as out:
+            generate(engine, requests, out)
+        return
     if not _replaceable(path):
         with open(path, "w", encoding="utf-8") as out:
             generate(engine, requests, out)

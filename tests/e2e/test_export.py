@@ -111,6 +111,11 @@ def test_bf16_export_is_bf16_on_disk_and_refuses_to_clobber(
         dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118
     assert dtypes == {"BF16"}
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    umask = os.umask(0)
+    os.umask(umask)  # every file as the user's other files (safetensors alone writes 0600)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        p.name: 0o666 & ~umask for p in out.iterdir()
+    }
 
     again = run_launch(["export", str(run), "--output", str(out)], check=False)
     assert again.returncode == 2 and "export.overwrite=true" in again.stderr

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.serve_run import shared_run
+from tests.helpers import LAUNCH, REPO
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +47,21 @@ def test_fifo_and_character_device_are_written_in_place(run: Path, tmp_path: Pat
     assert generate_main([str(run), str(prompts), "--output", str(null)]) == 0
     assert stat.S_ISCHR(null.stat().st_mode) and null.stat().st_rdev == device
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "null", "p.jsonl"]
+
+
+def test_dev_stdout_redirected_to_a_file_is_written_in_place(run: Path, tmp_path: Path) -> None:
+    """`--output /dev/stdout` inside `{ ...; } > out.txt`: /dev/stdout leads to out.txt, which the
+    shell holds open; renaming a new file over it would lose what the shell writes around it."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "the cat", "max_new_tokens": 3}) + "\n")
+    out = tmp_path / "out.txt"
+    launch = " ".join(shlex.quote(a) for a in [*LAUNCH, "generate", str(run), str(prompts)])
+    script = f"{{ echo before; {launch} --output /dev/stdout; echo after $?; }} > {out}"
+    subprocess.run(["bash", "-c", script], cwd=REPO, check=True, timeout=300)
+    lines = out.read_text().splitlines()
+    assert lines[0] == "before" and lines[-1] == "after 0", lines
+    assert [json.loads(x)["prompt"] for x in lines[1:-1]] == ["the cat"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt", "p.jsonl"]
 
 
 def test_inputs_that_once_raised_are_exit_2_naming_the_line(
