@@ -9,13 +9,15 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from launcher.checkpoint.files import Checkpoint
 from launcher.config.export import ExportConfig
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError, LauncherError
-from launcher.export.output import check_output, commit, temporary_sibling
+from launcher.export.output import RECORD_FILE, check_output, commit, temporary_sibling
 from launcher.export.weights import (
     DTYPES,
     is_transformers,
@@ -29,7 +31,6 @@ from launcher.logs import get_logger, setup_logging
 log = get_logger("export")
 
 EXPORT_DIR = "export"
-RECORD_FILE = "launcher_export.json"
 USAGE = """\
 usage: launch export RUN_DIR_OR_CHECKPOINT [--output DIR] [overrides]
 
@@ -61,17 +62,17 @@ def apply_overrides(export: ExportConfig, overrides: dict[str, str]) -> ExportCo
 
 def export_run(argument: str, output: Path | None, export: ExportConfig) -> Path:
     """Export the checkpoint `argument` names; the directory written."""
-    from launcher.serve.load import find_checkpoint, load_model
+    from launcher.serve.load import find_checkpoint
 
-    run_dir, _ = find_checkpoint(argument)
+    run_dir, chosen = find_checkpoint(argument)
     target = (output or run_dir / EXPORT_DIR).expanduser().absolute()
-    check_output(target, export.overwrite)  # before any weight is read
+    check_output(target, export.overwrite, run_dir)  # before any weight is read
     started = time.perf_counter()
-    cfg, model, checkpoint = load_model(argument, torch.device("cpu"))
+    cfg, model, checkpoint = _load_while_it_lasts(argument, chosen)
     tmp = temporary_sibling(target)
     try:
         _write(cfg, model, checkpoint.path, checkpoint.step, tmp, export)
-        commit(tmp, target, export.overwrite)
+        commit(tmp, target, export.overwrite, run_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -80,6 +81,25 @@ def export_run(argument: str, output: Path | None, export: ExportConfig) -> Path
         f"{target} in {time.perf_counter() - started:.1f}s"
     )
     return target
+
+
+def _load_while_it_lasts(argument: str, chosen: Checkpoint) -> tuple[Any, Any, Checkpoint]:
+    """load_model, with one clear error when the checkpoint vanished while it was read (a run
+    still training deletes its older checkpoints, checkpoint.keep)."""
+    from launcher.serve.load import load_model
+
+    try:
+        return load_model(argument, torch.device("cpu"))
+    except Exception:
+        if chosen.path.exists():
+            raise
+        raise ConfigError(
+            "RUN",
+            f"{chosen.path} was deleted while it was read: the run is still training and keeps "
+            "only its newest checkpoints (checkpoint.keep).",
+            "run the same launch export again (it takes the newest complete checkpoint), or "
+            "export once the run has finished.",
+        ) from None
 
 
 def _write(

@@ -12,10 +12,12 @@ from pathlib import Path
 from launcher.errors import ConfigError
 
 KEY = "--output"
+RECORD_FILE = "launcher_export.json"  # in every export: what a later overwrite may replace
 
 
-def check_output(path: Path, overwrite: bool) -> None:
+def check_output(path: Path, overwrite: bool, run_dir: Path) -> None:
     """Refuse an output the export may not write to, before any weight is read."""
+    _check_outside_the_run(path, run_dir)
     if path.is_symlink():
         raise ConfigError(
             KEY,
@@ -41,6 +43,25 @@ def check_output(path: Path, overwrite: bool) -> None:
         raise ConfigError(KEY, f"{parent} is not writable.", "give a writable path.")
 
 
+def _check_outside_the_run(path: Path, run_dir: Path) -> None:
+    """The run being exported is never replaced: not the run directory, nor one that holds it,
+    nor anything of the run's inside it but an earlier export (RUN/export, the default)."""
+    out, run = Path(os.path.realpath(path)), Path(os.path.realpath(run_dir))
+    if out == run or out in run.parents:
+        raise ConfigError(
+            KEY,
+            f"{path} holds the run being exported ({run_dir}); writing there would replace it.",
+            f"give a directory outside it, or leave --output out (the default {run_dir}/export).",
+        )
+    inside = run in out.parents
+    if inside and path.exists() and not (path / RECORD_FILE).is_file():
+        raise ConfigError(
+            KEY,
+            f"{path} is part of the run being exported, not an earlier export.",
+            f"give a new directory, or leave --output out (the default {run_dir}/export).",
+        )
+
+
 def temporary_sibling(path: Path) -> Path:
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)  # ours: a leftover of this process id
@@ -48,10 +69,10 @@ def temporary_sibling(path: Path) -> Path:
     return tmp
 
 
-def commit(tmp: Path, path: Path, overwrite: bool) -> None:
+def commit(tmp: Path, path: Path, overwrite: bool, run_dir: Path) -> None:
     """Rename the complete export into place; an existing directory (checked again: it may have
     changed while the weights were written) is moved aside first and removed after."""
-    check_output(path, overwrite)
+    check_output(path, overwrite, run_dir)
     _usual_modes(tmp)
     if not path.exists():
         tmp.rename(path)

@@ -204,3 +204,55 @@ def test_a_target_model_export_rebuilds_with_instantiate_and_a_strict_load(
             rtol=0,
             atol=0,
         )
+
+
+def test_overwrite_never_replaces_the_run_being_exported(
+    exported: dict[str, tuple[Path, Path]], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """export.overwrite=true replaces an earlier export, never the run it reads: not the run
+    directory, nor a directory holding it, nor a part of it (all once deleted the run)."""
+    import shutil
+
+    from launcher.export.command import export_main
+
+    run = tmp_path / "parent" / "run"
+    shutil.copytree(exported["gpt2_ddp"][0], run)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    capfd.readouterr()
+    for output in (
+        run,
+        run.parent,
+        run / "checkpoints",
+        run / "checkpoints" / "step_2",
+        run / ".hydra",
+    ):
+        code = export_main([str(run), "--output", str(output), "export.overwrite=true"])
+        err = capfd.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and str(output) in err, (output, err)
+        assert "Fix: " in err
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    # The default, RUN/export (an earlier export), is refused without overwrite, replaced with it.
+    assert export_main([str(run)]) == 2
+    assert export_main([str(run), "export.overwrite=true"]) == 0
+    assert (run / "export" / "model.safetensors").is_file()
+
+
+def test_a_checkpoint_deleted_while_read_is_one_clear_error(
+    exported: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """A run still training deletes its older checkpoints (checkpoint.keep) while an export
+    reads one: one error saying so, not DCP's traceback."""
+    import shutil
+
+    from launcher.errors import ConfigError
+    from launcher.export.command import _load_while_it_lasts
+    from launcher.serve.load import find_checkpoint
+
+    run = tmp_path / "run"
+    shutil.copytree(exported["gpt2_ddp"][0], run)
+    step = run / "checkpoints" / "step_2"
+    _, chosen = find_checkpoint(str(step))
+    shutil.rmtree(step)  # as the training's pruning would, between finding and reading
+    with pytest.raises(ConfigError, match="was deleted while it was read") as caught:
+        _load_while_it_lasts(str(step), chosen)
+    assert "Fix: run the same launch export again" in str(caught.value)
