@@ -93,10 +93,11 @@ def inspect(path: Path, verify: bool = True) -> Checkpoint | str:
         actual = file.stat().st_size
         if actual != size:
             return f"{rel} has {actual} bytes, but {size} were written (truncated or damaged)"
-    if verify:
-        problem = damaged_file(path, manifest)
-        if problem:
-            return problem
+    # meta.json is read to judge the checkpoint (its config, its data) before the large files'
+    # digests are checked at load: its own digest (a small file) is checked always.
+    problem = damaged_file(path, manifest, only=None if verify else META)
+    if problem:
+        return problem
     try:
         meta = _read_json(path / META)
         int(meta["step"])
@@ -105,9 +106,10 @@ def inspect(path: Path, verify: bool = True) -> Checkpoint | str:
     return Checkpoint(path, meta)
 
 
-def damaged_file(path: Path, manifest: Any = None) -> str | None:
-    """Why a checkpoint's files are not those its save wrote (a digest differs), or None.
-    Checkpoints written before digests were recorded are judged by their sizes alone."""
+def damaged_file(path: Path, manifest: Any = None, only: str | None = None) -> str | None:
+    """Why a checkpoint's files (or the one file `only`) are not those its save wrote (a digest
+    differs), or None. Checkpoints written before digests were recorded are judged by their
+    sizes alone."""
     if manifest is None:
         try:
             manifest = _read_json(path / MARKER)
@@ -115,6 +117,8 @@ def damaged_file(path: Path, manifest: Any = None) -> str | None:
             return f"its {MARKER} is unreadable"
     digests = manifest.get("sha256") if isinstance(manifest, dict) else None
     for rel, digest in (digests or {}).items():
+        if only is not None and rel != only:
+            continue
         try:
             actual = file_digest(path / rel)
         except OSError as exc:

@@ -105,6 +105,24 @@ def test_a_checkpoint_file_overwritten_in_place_is_skipped_naming_it(
     assert resumed is not None and resumed.step == 1  # the older one, intact
 
 
+def test_a_damaged_meta_json_is_skipped_before_it_is_believed(
+    ctx: DistContext, tmp_path: Path
+) -> None:
+    """meta.json is what a resume compares the config with: overwritten in place (same size, a
+    different model width), the checkpoint is damaged, not a config change with a Fix that sends
+    the user back and forth between two widths."""
+    cfg = config(train={"steps": 2}, checkpoint={"every": 1})
+    _trained(cfg, ctx, tmp_path)
+    meta = find_checkpoints(tmp_path)[0].path / "meta.json"
+    text = meta.read_text()
+    at = text.index('"model.d_model": ') + len('"model.d_model": ')
+    other = "1" if text[at] != "1" else "2"
+    meta.write_text(text[:at] + other + text[at + 1 :])
+    assert meta.stat().st_size == len(text.encode())
+    assert [c.step for c in find_checkpoints(tmp_path, warn=False, verify=False)] == [1]
+    assert check_resume(cfg, tmp_path) == cfg  # compared with step 1, intact: no error
+
+
 def test_an_unchanged_file_is_not_read_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
