@@ -46,7 +46,7 @@ def fingerprint(cfg: RootConfig) -> dict[str, Any]:
     return {
         **optim,
         STEPS_KEY: cfg.train.steps,
-        "data.path": d.path,
+        **({} if _local(d.path) else {"data.path": d.path}),
         "data.min_len": d.min_len,
         "data.max_len": d.max_len,
         "data.alphabet": d.alphabet,
@@ -69,9 +69,17 @@ def data_fingerprint(d: DataConfig) -> dict[str, Any]:
         "packing",
     )
     keys += ("split", "eos_token", "holdout", "_target_", "args")
-    plain = {k: getattr(d, k) for k in keys}
+    plain = {k: getattr(d, k) for k in keys if k != "tokenizer" or not _local(d.tokenizer)}
     plain["dtype"] = d.dtype.value
     return {f"data.{k}": v for k, v in plain.items()}
+
+
+def _local(value: str | None) -> bool:
+    """A file or directory on this machine: judged by its content, whose size and digest the
+    checkpoint's data identity records (launcher/integrity/data.py), not by its path, so a
+    byte-for-byte copy elsewhere (a job's scratch directory) resumes. A dataset name is compared
+    as it is."""
+    return bool(value) and Path(str(value)).expanduser().exists()
 
 
 def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path) -> None:

@@ -71,6 +71,25 @@ def test_changed_data_refuses_the_resume_and_a_copy_resumes(
     shutil.copytree(tmp_path / "saved_tok", tok)
     check_resume(cfg, run)
 
+    # Copied elsewhere (a job's scratch directory), the data and the tokenizer resume there: the
+    # content decides, not the path.
+    moved = dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(
+            cfg.data, path=str(tmp_path / "saved.jsonl"), tokenizer=str(tmp_path / "saved_tok")
+        ),
+    )
+    check_resume(moved, run)
+    shutil.copyfile(texts, tmp_path / "other.jsonl")
+    write_texts(tmp_path / "other.jsonl", 3)  # but other content at the new path is refused
+    with pytest.raises(ConfigError, match=r"other content|bytes, was"):
+        check_resume(
+            dataclasses.replace(
+                moved, data=dataclasses.replace(moved.data, path=str(tmp_path / "other.jsonl"))
+            ),
+            run,
+        )
+
 
 def test_a_truncated_token_file_refuses_the_resume(ctx: DistContext, tmp_path: Path) -> None:
     path = write_tokens(tmp_path / "train.bin", 40 * 17 + 1)
