@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.checkpoint.files import start_fresh
+from launcher.checkpoint.preflight import start_fresh
 from launcher.config.root import RootConfig
 from launcher.lifetime import RunLock
 from launcher.logs import get_logger

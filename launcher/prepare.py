@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.checkpoint.files import check_resume
+from launcher.checkpoint.preflight import check_resume
 from launcher.config.load import to_plain, to_yaml
 from launcher.config.root import RootConfig
 from launcher.data.build import prepare_data

@@ -17,7 +17,8 @@ import torch
 from launcher.checkpoint.checkpointer import Checkpointer
 from launcher.checkpoint.compat import check_compatible, fingerprint
 from launcher.checkpoint.dcp import SafeReader
-from launcher.checkpoint.files import MARKER, check_resume, find_checkpoints, start_fresh
+from launcher.checkpoint.files import MARKER, find_checkpoints
+from launcher.checkpoint.preflight import check_resume, start_fresh
 from launcher.config.root import RootConfig
 from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.errors import ConfigError

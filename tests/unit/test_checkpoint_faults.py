@@ -13,7 +13,8 @@ import pytest
 from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher.checkpoint.checkpointer import Checkpointer
-from launcher.checkpoint.files import MARKER, check_resume, find_checkpoints
+from launcher.checkpoint.files import MARKER, find_checkpoints
+from launcher.checkpoint.preflight import check_resume
 from launcher.checkpoint.space import is_disk_full, written_path
 from launcher.distributed import DistContext
 from launcher.errors import ConfigError

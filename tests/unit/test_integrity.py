@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from launcher.checkpoint.checkpointer import Checkpointer
-from launcher.checkpoint.files import check_resume, find_checkpoints
+from launcher.checkpoint.files import find_checkpoints
+from launcher.checkpoint.preflight import check_resume
 from launcher.config.root import RootConfig
 from launcher.distributed import DistContext
 from launcher.errors import ConfigError
