@@ -9,11 +9,11 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from launcher.checkpoint.files import Checkpoint
+from launcher.checkpoint.weights import RUN_KEY
 from launcher.config.export import ExportConfig
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError, LauncherError
@@ -83,7 +83,9 @@ def export_run(argument: str, output: Path | None, export: ExportConfig) -> Path
     return target
 
 
-def _load_while_it_lasts(argument: str, chosen: Checkpoint) -> tuple[Any, Any, Checkpoint]:
+def _load_while_it_lasts(
+    argument: str, chosen: Checkpoint
+) -> tuple[RootConfig, torch.nn.Module, Checkpoint]:
     """load_model, with one clear error when the checkpoint vanished while it was read (a run
     still training deletes its older checkpoints, checkpoint.keep)."""
     from launcher.serve.load import load_model
@@ -94,7 +96,7 @@ def _load_while_it_lasts(argument: str, chosen: Checkpoint) -> tuple[Any, Any, C
         if chosen.path.exists():
             raise
         raise ConfigError(
-            "RUN",
+            RUN_KEY,
             f"{chosen.path} was deleted while it was read: the run is still training and keeps "
             "only its newest checkpoints (checkpoint.keep).",
             "run the same launch export again (it takes the newest complete checkpoint), or "

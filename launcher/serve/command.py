@@ -131,7 +131,7 @@ def _replaceable(path: Path) -> bool:
 def _descriptor(path: Path) -> int | None:
     """The descriptor a path such as /dev/stdout or /dev/fd/3 names, or None."""
     spelled = os.path.abspath(path)
-    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+    named = {"/dev/stdout": 1, "/dev/stderr": 2}
     if spelled in named:
         return named[spelled]
     for folder in ("/dev/fd/", "/proc/self/fd/"):
@@ -142,6 +142,17 @@ def _descriptor(path: Path) -> int | None:
 
 
 def _check_output(path: Path) -> None:
+    descriptor = _descriptor(path)
+    if descriptor is not None:
+        try:
+            os.fstat(descriptor)
+        except OSError:
+            raise ConfigError(
+                "--output",
+                f"{path} names descriptor {descriptor}, which is not open.",
+                "give a file path, or - for stdout.",
+            ) from None
+        return
     if path.is_dir():
         raise ConfigError("--output", f"{path} is a directory.", "give a file path.")
     if path.exists() and not _replaceable(path):

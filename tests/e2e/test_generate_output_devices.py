@@ -81,3 +81,16 @@ def test_inputs_that_once_raised_are_exit_2_naming_the_line(
         assert generate_main([str(run), str(prompts)]) == 2, name
         err = capfd.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], (name, err)
+
+
+def test_a_descriptor_that_is_not_open_is_one_error(
+    run: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from launcher.serve.command import generate_main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "the cat"}) + "\n")
+    capfd.readouterr()
+    assert generate_main([str(run), str(prompts), "--output", "/dev/fd/987"]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "descriptor 987, which is not open" in err[0], err
