@@ -33,15 +33,26 @@ def run_launch(
     env: dict[str, str] | None = None,
     timeout: float = 300,
     check: bool = True,
+    in_process: bool | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `launch <args>` in a subprocess (hydra.run.dir=run_dir when given); return its output."""
-    argv = [*LAUNCH, *args]
-    if run_dir is not None:
-        argv.append(f"hydra.run.dir={run_dir}")
-    full_env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
-    proc = subprocess.run(
-        argv, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
-    )
+    """Run `launch <args>` (hydra.run.dir=run_dir when given) and return its output: in this
+    process where tests/inprocess.py allows it (the same code without a Python start-up), else in
+    a subprocess. in_process=True: `env` matters to the ranks only (see runs_in_process)."""
+    from tests.inprocess import completed, runs_in_process
+
+    args = [*args, *([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])]
+    extra = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
+    if runs_in_process(args, env or {}, in_process):
+        proc = completed(args, REPO, extra)
+    else:
+        proc = subprocess.run(
+            [*LAUNCH, *args],
+            cwd=REPO,
+            env={**os.environ, **extra},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     if check and proc.returncode != 0:
         raise AssertionError(
             f"launch {' '.join(args)} exited {proc.returncode}\n"

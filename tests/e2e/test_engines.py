@@ -80,7 +80,9 @@ def test_curve_matches_one_process(
     name: str, reference: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     run_dir, probe_dir = tmp_path / "run", tmp_path / "imports"
-    run_launch(["train", *CURVE, *SPLIT, *ENGINES[name]], run_dir, env=probe_env(probe_dir))
+    # In this process: the probe matters to the ranks only (torchrun gives them this environment).
+    args = ["train", *CURVE, *SPLIT, *ENGINES[name]]
+    run_launch(args, run_dir, env=probe_env(probe_dir), in_process=True)
 
     summary = read_summary(run_dir)
     assert (summary["world_size"], summary["grad_accum"], summary["steps"]) == (2, 2, STEPS)
