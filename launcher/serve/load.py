@@ -34,7 +34,7 @@ def find_checkpoint(argument: str) -> tuple[Path, Checkpoint]:
     the checkpoints/step_<N> directory given."""
     path = Path(argument).expanduser().resolve()
     if not path.exists():
-        raise ConfigError(RUN_KEY, f"{argument} does not exist.", "pass a run directory.")
+        raise _missing(argument, path)
     if (path / CONFIG_FILE).is_file():
         found = find_checkpoints(path)
         if not found:
@@ -56,6 +56,21 @@ def find_checkpoint(argument: str) -> tuple[Path, Checkpoint]:
             "pass a run directory or its checkpoints/step_<N>.",
         )
     return run_dir, checkpoint
+
+
+def _missing(argument: str, path: Path) -> ConfigError:
+    """A path that does not exist; for a run's checkpoints/step_<N>, the steps the run has."""
+    run_dir = path.parent.parent
+    if path.parent.name == "checkpoints" and (run_dir / CONFIG_FILE).is_file():
+        found = sorted(find_checkpoints(run_dir), key=lambda c: c.step)
+        if found:
+            names = ", ".join(c.path.name for c in found)
+            return ConfigError(
+                RUN_KEY,
+                f"{argument} does not exist; the complete checkpoints of {run_dir} are {names}.",
+                f"pass one of them, or the run directory {run_dir} for its newest.",
+            )
+    return ConfigError(RUN_KEY, f"{argument} does not exist.", "pass a run directory.")
 
 
 def load_model(argument: str, device: torch.device) -> tuple[RootConfig, nn.Module, Checkpoint]:

@@ -256,3 +256,19 @@ def test_a_checkpoint_deleted_while_read_is_one_clear_error(
     with pytest.raises(ConfigError, match="was deleted while it was read") as caught:
         _load_while_it_lasts(str(step), chosen)
     assert "Fix: run the same launch export again" in str(caught.value)
+
+
+def test_a_step_that_does_not_exist_names_the_steps_that_do(
+    exported: dict[str, tuple[Path, Path]],
+) -> None:
+    from launcher.errors import ConfigError
+    from launcher.serve.load import find_checkpoint
+
+    run = exported["gpt2_ddp"][0]
+    with pytest.raises(ConfigError) as caught:
+        find_checkpoint(str(run / "checkpoints" / "step_99"))
+    message = str(caught.value)
+    assert "step_99 does not exist" in message and "checkpoints of" in message
+    assert message.endswith(f"Fix: pass one of them, or the run directory {run} for its newest.")
+    assert "are step_2." in message
+    assert find_checkpoint(str(run))[1].step == 2  # the Fix as written
