@@ -138,6 +138,7 @@ def mixed_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
             f"hydra.sweep.dir={sweep_dir}",
         ],
         env={"PYTHONPATH": str(root / "site")},
+        in_process=True,  # the sitecustomize acts in torchrun's ranks only
     )
     assert "sweep summary:" in proc.stdout + proc.stderr  # a warning when points failed
     return sweep_dir, proc.returncode
