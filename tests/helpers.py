@@ -31,18 +31,20 @@ def run_launch(
     run_dir: Path | None = None,
     *,
     env: dict[str, str] | None = None,
-    timeout: float = 300,
+    timeout: float | None = None,
     check: bool = True,
     in_process: bool | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run `launch <args>` (hydra.run.dir=run_dir when given) and return its output: in this
     process where tests/inprocess.py allows it (the same code without a Python start-up), else in
-    a subprocess. in_process=True: `env` matters to the ranks only (see runs_in_process)."""
+    a subprocess. in_process=True: `env` matters to the ranks only (see runs_in_process). A
+    deadline (timeout=) needs a process to kill when it passes: it runs a subprocess (300 s when
+    none is given)."""
     from tests.inprocess import completed, runs_in_process
 
     args = [*args, *([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])]
     extra = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
-    if runs_in_process(args, env or {}, in_process):
+    if timeout is None and runs_in_process(args, env or {}, in_process):
         proc = completed(args, REPO, extra)
     else:
         proc = subprocess.run(
@@ -51,7 +53,7 @@ def run_launch(
             env={**os.environ, **extra},
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=300 if timeout is None else timeout,
         )
     if check and proc.returncode != 0:
         raise AssertionError(

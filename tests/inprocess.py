@@ -1,15 +1,16 @@
-"""`launch train|plan` inside the test process: the command's own code (`launcher.cli.main`), its
-output and exit status as a subprocess would give them, without a Python start-up per launch
-(importing torch, DCP and dynamo again costs seconds on CI's two cores; the suite runs hundreds of
-launches).
+"""`launch train|plan|export` inside the test process: the command's own code
+(`launcher.cli.main`), its output and exit status as a subprocess would give them, without a
+Python start-up per launch (importing torch, DCP and dynamo again costs seconds on CI's two cores;
+the suite runs hundreds of launches).
 
-Only where the process boundary is not what a test is about: `run_launch` keeps a subprocess for
-the other commands, for environments that must exist before the interpreter starts (PYTHON*,
-LD_*), and for runs that would change this process for good by training in it (DeepSpeed
-replaces torch functions process-wide, wandb keeps a service process, compilation keeps caches;
-at dp>1 the ranks are torchrun's processes and only its agent runs here). Signals, kill -9 and
-background runs use `BackgroundLaunch`, a real process. LAUNCHER_TESTS_SUBPROCESS=1 runs every
-launch as a subprocess (to tell a test's failure from this harness's).
+Only where the process boundary is not what a test is about. `run_launch` keeps a subprocess for
+the other commands; for environments that must exist before the interpreter starts (PYTHON*,
+LD_*); for runs that would change this process for good by training in it (DeepSpeed replaces
+torch functions process-wide, wandb keeps a service process, compilation keeps caches; at dp>1
+the ranks are torchrun's processes and only its agent runs here); and for a launch given a
+deadline (a hung process can be killed, this one cannot). Signals, kill -9 and background runs
+use `BackgroundLaunch`, a real process. LAUNCHER_TESTS_SUBPROCESS=1 runs every launch as a
+subprocess (to tell a test's failure from this harness's).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def _trains_here(args: list[str]) -> bool:
     """Whether `launch train` would train in its own process: one rank, no SLURM (else the ranks
     are torchrun's or the cluster's processes and this one only runs torchrun's agent)."""
     sizes = [a for a in args if a.startswith(("parallel.dp=", "parallel.nodes="))]
-    several = any(not a.endswith("=1") for a in sizes)
+    # A sweep's `parallel.dp=1,2` trains its first point here.
+    several = any("1" not in a.partition("=")[2].split(",") for a in sizes)
     return args[0] == "train" and not several and "cluster=slurm" not in args
 
 
