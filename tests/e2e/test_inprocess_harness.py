@@ -48,22 +48,15 @@ def test_a_refusal_reads_the_same_in_process_and_as_a_process(tmp_path: Path) ->
     assert inside.stderr == outside.stderr and inside.stderr.startswith("error: batch.grad_acum")
 
 
+def _process_facts() -> tuple[object, ...]:
+    """What an in-process run must put back: environment, directory, threads, stop handlers."""
+    handlers = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    return dict(os.environ), os.getcwd(), torch.get_num_threads(), handlers
+
+
 def test_a_run_in_process_leaves_this_process_as_it_was(tmp_path: Path) -> None:
-    before = (
-        dict(os.environ),
-        os.getcwd(),
-        torch.get_num_threads(),
-        signal.getsignal(signal.SIGTERM),
-        signal.getsignal(signal.SIGINT),
-    )
+    before = _process_facts()
     proc = run_launch(["train", *FAST, "train.steps=2"], tmp_path / "run", in_process=True)
     assert "done: 2 steps" in proc.stdout and len(read_metrics(tmp_path / "run")) == 2
-    after = (
-        dict(os.environ),
-        os.getcwd(),
-        torch.get_num_threads(),
-        signal.getsignal(signal.SIGTERM),
-        signal.getsignal(signal.SIGINT),
-    )
-    assert after == before
+    assert _process_facts() == before
     assert not torch.distributed.is_initialized()
