@@ -7,5 +7,10 @@ export WANDB_MODE=offline WANDB_SILENT=true
 .venv/bin/ruff check launcher tests benchmarks examples setup.py
 .venv/bin/ruff format --check --quiet launcher tests benchmarks examples setup.py
 .venv/bin/mypy
+# pytest-xdist: one worker more than the cores (one test's wait is another's turn), each test
+# holding core tokens for the processes it keeps busy (tests/cores.py). --dist loadscope keeps a
+# module's tests and its module fixtures on one worker; --no-loadscope-reorder keeps the heavy
+# end-to-end modules first and the quick unit tests to fill the end.
 # The slowest tests are listed at the end: where the suite's time goes, in every CI log.
-.venv/bin/python -m pytest --durations=25 "$@"
+workers=$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)) + 1)')
+.venv/bin/python -m pytest -n "$workers" --dist loadscope --no-loadscope-reorder --durations=25 "$@"

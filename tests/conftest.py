@@ -41,3 +41,30 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, the controller makes the core tokens its workers share
+    (tests/cores.py)."""
+    from tests import cores
+
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        os.environ[cores.DIR_ENV] = tempfile.mkdtemp(prefix="launcher-test-cores-")
+        os.environ[cores.COUNT_ENV] = str(len(os.sched_getaffinity(0)) * cores.TOKENS_PER_CORE)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Each test holds a core token (one per core when marked multiproc or slurm) from its
+    set-up to its tear-down: see tests/cores.py."""
+    from tests.cores import TOKENS_PER_CORE, cores
+
+    found = cores()
+    if found is None:
+        return (yield)
+    every = item.get_closest_marker("multiproc") or item.get_closest_marker("slurm")
+    found.take(found.count // TOKENS_PER_CORE if every else 1)
+    try:
+        return (yield)
+    finally:
+        found.release()

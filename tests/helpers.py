@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from tests.cores import at_least, hold_at_least, ranks_started_by
+
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = [sys.executable, "-m", "launcher.cli"]
 
@@ -44,17 +46,18 @@ def run_launch(
 
     args = [*args, *([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])]
     extra = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
-    if timeout is None and runs_in_process(args, env or {}, in_process):
-        proc = completed(args, REPO, extra)
-    else:
-        proc = subprocess.run(
-            [*LAUNCH, *args],
-            cwd=REPO,
-            env={**os.environ, **extra},
-            capture_output=True,
-            text=True,
-            timeout=300 if timeout is None else timeout,
-        )
+    with at_least(ranks_started_by(args)):
+        if timeout is None and runs_in_process(args, env or {}, in_process):
+            proc = completed(args, REPO, extra)
+        else:
+            proc = subprocess.run(
+                [*LAUNCH, *args],
+                cwd=REPO,
+                env={**os.environ, **extra},
+                capture_output=True,
+                text=True,
+                timeout=300 if timeout is None else timeout,
+            )
     if check and proc.returncode != 0:
         raise AssertionError(
             f"launch {' '.join(args)} exited {proc.returncode}\n"
@@ -97,6 +100,7 @@ class BackgroundLaunch:
         own_session: bool = False,
     ) -> None:
         self.run_dir = run_dir
+        hold_at_least(ranks_started_by(args))
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self._log: IO[str] = open(log_path, "w")  # noqa: SIM115

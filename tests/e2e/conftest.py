@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import TRAINED, run_launch
+from tests.once import built_once
 
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished run that generate, serve and their tests read (never write: copy it first)."""
-    run_dir = tmp_path_factory.mktemp("trained") / "run"
-    run_launch(TRAINED, run_dir)
-    return run_dir
+    return built_once(tmp_path_factory, "trained-run", lambda path: run_launch(TRAINED, path))

@@ -11,6 +11,7 @@ import pytest
 
 from tests.data_sources import train_tokenizer, write_pairs
 from tests.helpers import run_launch
+from tests.once import built_once
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -44,13 +45,13 @@ def with_chat_template(tokenizer: Path) -> Path:
 
 
 def shared_run(factory: pytest.TempPathFactory) -> Path:
-    root = factory.getbasetemp() / "serve-hf-run"
-    run = root / "run"
-    if (run / "summary.json").exists():
-        return run
-    root.mkdir(exist_ok=True)
-    tok = with_chat_template(train_tokenizer(root / "tok"))
-    pairs = write_pairs(root / "pairs.jsonl", 48)
-    data = [f"data.path={pairs}", f"data.tokenizer={tok}", f"data.cache_dir={root / 'cache'}"]
-    run_launch([*TRAIN, *data], run)
-    return run
+    """Trained once per test run (tests/once.py), read by the serve and generate tests."""
+
+    def build(root: Path) -> None:
+        root.mkdir()
+        tok = with_chat_template(train_tokenizer(root / "tok"))
+        pairs = write_pairs(root / "pairs.jsonl", 48)
+        data = [f"data.path={pairs}", f"data.tokenizer={tok}", f"data.cache_dir={root / 'cache'}"]
+        run_launch([*TRAIN, *data], root / "run")
+
+    return built_once(factory, "serve-hf-run", build, done="run/summary.json") / "run"

@@ -29,6 +29,7 @@ from tests.helpers import (
     read_summary,
     run_launch,
 )
+from tests.once import built_once
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 
@@ -43,11 +44,11 @@ ENV = {"OMP_NUM_THREADS": "1"}  # the in-process runs: tiny ops, busy cores
 def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The undisturbed 12-step dp=2 run, checkpoints at steps 8 and 12 (made once per session,
     shared with test_restart.py)."""
-    run_dir = tmp_path_factory.getbasetemp() / "resume_reference"
-    if not (run_dir / "summary.json").is_file():
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_launch([*COMMON, *DP2, "checkpoint.every=4"], run_dir, env=ENV)
-    return run_dir
+    return built_once(
+        tmp_path_factory,
+        "resume_reference",
+        lambda path: run_launch([*COMMON, *DP2, "checkpoint.every=4"], path, env=ENV),
+    )
 
 
 def last_per_step(run_dir: Path) -> list[float]:

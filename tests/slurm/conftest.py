@@ -17,6 +17,7 @@ from typing import NoReturn
 import pytest
 
 from tests.helpers import FAST, read_losses, run_launch
+from tests.once import built_once
 
 # One small job shape for every SLURM test, so that one local run is the reference for all.
 STEPS = 30
@@ -111,8 +112,9 @@ def two_nodes() -> int:
 @pytest.fixture(scope="session")
 def reference_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     """The same job on this machine, one in-process rank: what every SLURM run must reproduce."""
-    run_dir = tmp_path_factory.mktemp("local-reference")
-    run_launch(["train", *JOB], run_dir)
+    run_dir = built_once(
+        tmp_path_factory, "local-reference", lambda path: run_launch(["train", *JOB], path)
+    )
     return read_losses(run_dir)
 
 
