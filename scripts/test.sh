@@ -10,7 +10,9 @@ export WANDB_MODE=offline WANDB_SILENT=true
 # pytest-xdist: one worker more than the cores (one test's wait is another's turn), each test
 # holding core tokens for the processes it keeps busy (tests/cores.py). --dist loadscope keeps a
 # module's tests and its module fixtures on one worker; --no-loadscope-reorder keeps the heavy
-# end-to-end modules first and the quick unit tests to fill the end.
+# end-to-end modules first and the quick unit tests to fill the end. --max-worker-restart=0: a
+# worker that dies fails the run at once (xdist 3.8's loadscope hangs when it replaces one; tried).
 # The slowest tests are listed at the end: where the suite's time goes, in every CI log.
 workers=$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)) + 1)')
-.venv/bin/python -m pytest -n "$workers" --dist loadscope --no-loadscope-reorder --durations=25 "$@"
+.venv/bin/python -m pytest -n "$workers" --dist loadscope --no-loadscope-reorder \
+    --max-worker-restart=0 --durations=25 "$@"
