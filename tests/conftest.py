@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 
@@ -51,6 +52,16 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         os.environ[cores.DIR_ENV] = tempfile.mkdtemp(prefix="launcher-test-cores-")
         os.environ[cores.COUNT_ENV] = str(len(os.sched_getaffinity(0)) * cores.TOKENS_PER_CORE)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The controller removes the token directory it made (the workers have ended)."""
+    from tests import cores
+
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        directory = os.environ.pop(cores.DIR_ENV, None)
+        if directory and os.path.basename(directory).startswith("launcher-test-cores-"):
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.hookimpl(wrapper=True)

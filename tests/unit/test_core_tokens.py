@@ -4,6 +4,7 @@ belong to an open file, so two in one process exclude each other as two processe
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cores import Cores, ranks_started_by
+from tests.cores import TOKENS_PER_CORE, Cores, at_least, cores, ranks_started_by
 from tests.once import built_once
 
 
@@ -97,3 +98,27 @@ def test_built_once_builds_for_every_worker_once_and_redoes_a_broken_build(
     (builds[0] / "partial").write_text("")
     again = built_once(tmp_path_factory, name, build)
     assert len(builds) == 2 and not (again / "partial").exists()
+
+
+def _under_xdist() -> bool:
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def test_a_test_holds_one_token_under_xdist_and_none_without() -> None:
+    found = cores()
+    if not _under_xdist():
+        assert found is None  # a plain `pytest` shares nothing
+        return
+    assert found is not None and len(found.held) == 1
+    with at_least(2):  # what run_launch does around a dp=2 launch
+        assert len(found.held) == 2
+    assert len(found.held) == 1
+
+
+@pytest.mark.multiproc
+def test_a_multiproc_test_holds_one_token_per_core() -> None:
+    found = cores()
+    if not _under_xdist():
+        assert found is None
+        return
+    assert found is not None and len(found.held) == found.count // TOKENS_PER_CORE
