@@ -4,9 +4,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export WANDB_MODE=offline WANDB_SILENT=true
-.venv/bin/ruff check launcher tests benchmarks examples setup.py
-.venv/bin/ruff format --check --quiet launcher tests benchmarks examples setup.py
-.venv/bin/mypy
+# DeepSpeed JIT-builds its CPU shared-memory op on the first multi-rank run (half a minute or
+# more, single-threaded). Built here, beside the lint, the suite's first DeepSpeed test does not
+# wait for it; into the directory tests/conftest.py names. A failed build is only a slower suite
+# (the test's own run builds it again and reports the error): a warning, not a failure.
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}
+op_log=$(mktemp)
+.venv/bin/python -c 'import importlib; importlib.import_module("deepspeed.comm.torch").build_shm_op()' >"$op_log" 2>&1 &
+op_build=$!
+status=0
+.venv/bin/ruff check launcher tests benchmarks examples setup.py || status=1
+.venv/bin/ruff format --check --quiet launcher tests benchmarks examples setup.py || status=1
+.venv/bin/mypy || status=1
+if wait "$op_build"; then
+    rm -f "$op_log"
+else
+    echo "test.sh: DeepSpeed's CPU op did not build here; the tests build it (log: $op_log)" >&2
+fi
+[ "$status" = 0 ] || exit 1
 # pytest-xdist: one worker more than the cores (one test's wait is another's turn), each test
 # holding core tokens for the processes it keeps busy (tests/cores.py). --dist loadscope keeps a
 # module's tests and its module fixtures on one worker; --no-loadscope-reorder keeps the heavy

@@ -1,17 +1,31 @@
 """The finishing half of an asynchronous checkpoint (checkpoint.async=true), off the training
 thread: wait for DCP's writer, agree across ranks, write the completion record, rename into
-place, prune. At most one is in flight; the Checkpointer waits for it before the next save and
-at the end of training.
+place, prune. At most one is in flight; the Checkpointer waits for it before the next save, at
+the end of training, and (for a while) when training fails.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
+
+from launcher.logs import get_logger
+
+if TYPE_CHECKING:
+    from launcher.worker.stop import StopFlag
+
+log = get_logger("checkpoint")
+
+FAILURE_WAIT_S = 300.0
+"""How long a rank that fails lets the asynchronous save in flight finish before it exits: its
+state was copied before the failure, and the ranks' writer threads agree among themselves."""
 
 
 def checkpoint_group() -> dist.ProcessGroup | None:
@@ -43,5 +57,48 @@ class BackgroundSave:
         else:
             self._done.set_result(None)
 
-    def wait(self) -> None:
-        self._done.result()
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the save is finished (True) or `timeout` seconds pass (False); the save's
+        error is raised here."""
+        try:
+            self._done.result(timeout)
+        except FutureTimeout:
+            return False
+        return True
+
+    def wait_unless(self, timeout: float, give_up: Callable[[], bool]) -> bool:
+        """Block until the save is finished (True), `timeout` seconds pass or `give_up()` turns
+        true (False, checked four times a second); the save's error is raised here."""
+        deadline = time.monotonic() + timeout
+        while not self.wait(min(0.25, max(0.0, deadline - time.monotonic()))):
+            if give_up() or time.monotonic() >= deadline:
+                return False
+        return True
+
+
+def finish_after_failure(pending: BackgroundSave, stop: StopFlag | None, timeout: float) -> bool:
+    """Training failed on this rank: let `pending` finish (at most `timeout` seconds, or until a
+    new stop signal) so that the newest state copied before the failure is kept. True when it
+    did. Its own error is logged, never raised over the failure's. The failing rank speaks,
+    whichever it is: this is its error path."""
+    step = pending.step
+    log.warning(
+        f"training failed; finishing the checkpoint of step {step} first (at most "
+        f"{timeout:.0f}s; Ctrl-C abandons it, and the checkpoint before it stays)."
+    )
+    asked_before = stop is not None and stop.requested
+    asked = lambda: stop is not None and stop.requested and not asked_before  # noqa: E731
+    try:
+        finished = pending.wait_unless(timeout, asked)
+    except Exception as exc:  # the failure that ends the run is the one to raise
+        log.warning(f"the checkpoint of step {step} was not saved: {exc}")
+        return False
+    if not finished:
+        why = "abandoned" if asked() else f"not finished in {timeout:.0f}s"
+        log.warning(
+            f"the checkpoint of step {step} was {why}: it stays incomplete, and a resume uses "
+            "the one before it."
+        )
+        return False
+    log.info(f"the checkpoint of step {step} is complete: {pending.final}")
+    return True

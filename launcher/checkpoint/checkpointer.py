@@ -1,12 +1,12 @@
 """Training-state checkpoints of a running job: saved atomically by all ranks together,
-resumed exactly.
+resumed exactly (the loading is launcher/checkpoint/resume.py).
 
-Every rank takes part in each save and load (launcher/checkpoint/files.py has the layout and
-the rules for which checkpoint to use). Which samples a step reads depends on the step number
-only (data/sampler.py), so the step is the sampler's whole position, and a resumed run may use
-another dp, micro size or accumulation: DCP reshards the model and optimizer on load. Nothing
-here unpickles code: DCP goes through launcher/checkpoint/dcp.py's restricted loaders, RNG files
-through torch.load(weights_only=True), the rest is JSON.
+Every rank takes part in each save (launcher/checkpoint/files.py has the layout and the rules for
+which checkpoint to use). A save is complete only once its completion record lists every rank's
+closed files, and only then renamed into place: a crash at any point leaves the previous
+checkpoint intact. With checkpoint.async=true the state is copied on the training thread and the
+rest finished by launcher/checkpoint/background.py. Nothing here unpickles code: RNG files are
+read with torch.load(weights_only=True), DCP through launcher/checkpoint/dcp.py, the rest is JSON.
 """
 
 from __future__ import annotations
@@ -25,8 +25,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from launcher.checkpoint.background import BackgroundSave, checkpoint_group
-from launcher.checkpoint.compat import check_compatible, fingerprint
+from launcher.checkpoint.background import (
+    FAILURE_WAIT_S,
+    BackgroundSave,
+    checkpoint_group,
+    finish_after_failure,
+)
+from launcher.checkpoint.collective import barrier, worst_status
+from launcher.checkpoint.compat import fingerprint
 from launcher.checkpoint.files import (
     ENGINE_DIR,
     MARKER,
@@ -34,86 +40,34 @@ from launcher.checkpoint.files import (
     RNG_DIR,
     STEP_PREFIX,
     TMP_PREFIX,
-    Checkpoint,
     checkpoints_dir,
     commit,
-    damaged_file,
     manifest,
-    none_loads,
     prune,
-    resume_candidates,
     write_synced,
 )
-from launcher.checkpoint.rng import reseed, rng_state, set_rng_state
+from launcher.checkpoint.resume import ResumeState, load_resume_state
+from launcher.checkpoint.rng import rng_state
 from launcher.checkpoint.space import is_disk_full, no_space_left, written_path
 from launcher.config.root import RootConfig
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.integrity.data import data_identity
 from launcher.logs import get_logger
 from launcher.rundir import write_stopped
-from launcher.tracking.metrics import RunTotals
 
 if TYPE_CHECKING:
     from launcher.distributed import DistContext
     from launcher.training.loop import Trainer
+    from launcher.worker.stop import StopFlag
 
 log = get_logger("checkpoint")
 
 _T = TypeVar("_T")
 
 
-# --- the worker side -----------------------------------------------------------------------------
-
-
-def _barrier(group: dist.ProcessGroup | None = None) -> None:
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.barrier(group=group)
-
-
-def _worst(status: int, device: torch.device, group: dist.ProcessGroup | None = None) -> int:
-    """The largest of every rank's status (collective over `group`: the default one on
-    `device`, or the asynchronous writer's gloo group on the CPU)."""
-    if not dist.is_initialized() or dist.get_world_size(group) == 1:
-        return status
-    flag = torch.tensor([status], dtype=torch.int32, device=device if group is None else "cpu")
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-    return int(flag.item())
-
-
 def _written(future: Future[Any]) -> None:
     """Wait for a background write; its error, if any, is raised."""
     future.result()
-
-
-def _cause(exc: BaseException) -> str:
-    """The first line of what went wrong; for DCP's gathered errors, the first rank's."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(exc, CheckpointException) and isinstance(failures, dict) and failures:
-        first = next(iter(failures.values()))
-        exc = first[0] if isinstance(first, tuple) else first
-    lines = str(exc).strip().splitlines()
-    first = lines[0] if lines else ""
-    if "weights_only" in first or "Weights only load failed" in first:
-        # torch's advice (load with weights_only=False) would trade safety for a damaged file.
-        first = "the file does not hold the tensors that were saved (damaged)"
-    return f"{type(exc).__name__}: {first[:400]}"
-
-
-def _all_ranks(ok: bool, device: torch.device) -> bool:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return ok
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
-@dataclasses.dataclass(frozen=True)
-class ResumeState:
-    """Where a resumed run continues: after `step`, with the run's totals so far."""
-
-    checkpoint: Checkpoint
-    step: int
-    totals: RunTotals
 
 
 class Checkpointer:
@@ -169,7 +123,7 @@ class Checkpointer:
                 f"stopped after step {self.trainer.step} of {self.cfg.train.steps}, {where}. "
                 f"Run the same command to resume (exit status {STOPPED_RESUMABLE})."
             )
-        _barrier()
+        barrier()
         return saved
 
     def save(self) -> Path:
@@ -234,6 +188,15 @@ class Checkpointer:
             pending.wait()
             self.last_saved = (pending.step, pending.final)
 
+    def finish_after_failure(
+        self, stop: StopFlag | None = None, timeout: float = FAILURE_WAIT_S
+    ) -> None:
+        """Training failed on this rank: let the asynchronous save in flight, if any, finish
+        (launcher/checkpoint/background.py's finish_after_failure); never raises."""
+        pending, self.pending = self.pending, None
+        if pending is not None and finish_after_failure(pending, stop, timeout):
+            self.last_saved = (pending.step, pending.final)
+
     def _complete(
         self,
         tmp: Path,
@@ -254,13 +217,13 @@ class Checkpointer:
             commit(tmp, final)
             prune(self.run_dir, self.cfg.checkpoint.keep, final)
             log.info(f"saved checkpoint {final} ({time.perf_counter() - started:.1f}s)")
-        _barrier(group)  # nobody moves on (or exits) before the checkpoint is in place
+        barrier(group)  # nobody moves on (or exits) before the checkpoint is in place
 
     def _write_rank_files(self, tmp: Path, write_engine: Callable[[Path], _T]) -> _T:
         ctx = self.ctx
         if ctx.is_main:
             tmp.mkdir()
-        _barrier()
+        barrier()
         written = write_engine(tmp / ENGINE_DIR)
         (tmp / RNG_DIR).mkdir(parents=True, exist_ok=True)
         with open(tmp / RNG_DIR / f"rank_{ctx.rank}.pt", "wb") as f:
@@ -289,7 +252,7 @@ class Checkpointer:
         """Collective over `group`: go on when every rank's write succeeded; otherwise remove the
         partial save and raise on every rank (NoSpaceLeft when the disk is full)."""
         status = 0 if error is None else 2 if is_disk_full(error, self.root) else 1
-        status = _worst(status, self.ctx.device, group)
+        status = worst_status(status, self.ctx.device, group)
         if status == 0:
             return
         if self.ctx.is_main:
@@ -316,59 +279,11 @@ class Checkpointer:
     # resuming
 
     def resume(self, restarted: bool = False) -> ResumeState | None:
-        """Load the checkpoint train.resume asks for (trying older ones if one fails to load)
-        into the engine and the RNGs; the step and totals to continue from (None: start)."""
-        candidates = resume_candidates(
-            self.cfg, self.run_dir, restarted=restarted, warn=self.ctx.is_main
+        """Collective: load the checkpoint train.resume asks for into the engine and the RNGs
+        (launcher/checkpoint/resume.py); the step and totals to continue from (None: start)."""
+        resumed = load_resume_state(
+            self.cfg, self.run_dir, self.ctx, self.trainer.engine, restarted=restarted
         )
-        failed: list[tuple[Path, str]] = []
-        for ckpt in candidates:
-            check_compatible(ckpt.meta, self.cfg, ckpt.path)
-            problem = self._load(ckpt)
-            if problem is None:
-                return self._resumed(ckpt)
-            failed.append((ckpt.path, problem))
-            if self.ctx.is_main:
-                log.warning(f"skipping checkpoint {ckpt.path}: {problem}.")
-        if failed:
-            raise none_loads(self.run_dir, failed)
-        return None
-
-    def _load(self, ckpt: Checkpoint) -> str | None:
-        """Load on every rank; None when every rank loaded it, else what went wrong."""
-        ctx = self.ctx
-        # One rank reads every file against its digest; all skip a damaged checkpoint together.
-        problem = damaged_file(ckpt.path) if ctx.is_main else None
-        if not _all_ranks(problem is None, ctx.device):
-            return problem or "it is damaged (found by rank 0)"
-        try:
-            self.trainer.engine.load_checkpoint(ckpt.path / ENGINE_DIR)
-            rng_file = ckpt.path / RNG_DIR / f"rank_{ctx.rank}.pt"
-            if ckpt.meta.get("world_size") == ctx.world_size:
-                set_rng_state(torch.load(rng_file, weights_only=True), ctx.device)
-            else:
-                reseed(self.cfg.train.seed, ctx.rank, ckpt.step)
-        except (Exception, CheckpointException) as exc:  # damaged files: every rank learns below
-            problem = f"it could not be loaded ({_cause(exc)})"
-        if _all_ranks(problem is None, ctx.device):
-            return None
-        return problem or "it could not be loaded on another rank"
-
-    def _resumed(self, ckpt: Checkpoint) -> ResumeState:
-        step = ckpt.step
-        self.last_saved = (step, ckpt.path)
-        if self.ctx.is_main:
-            was = ckpt.meta.get("world_size")
-            note = ""
-            if was != self.ctx.world_size:
-                note = (
-                    f" on {self.ctx.world_size} rank(s) instead of {was} (resharded; dropout "
-                    "streams are reseeded)"
-                )
-            log.info(f"resuming from {ckpt.path} after step {step}{note}.")
-            if step >= self.cfg.train.steps:
-                log.info(
-                    f"the checkpoint is at step {step} of train.steps={self.cfg.train.steps}: "
-                    "nothing left to train."
-                )
-        return ResumeState(ckpt, step, RunTotals.from_saved(ckpt.meta.get("totals", {})))
+        if resumed is not None:
+            self.last_saved = (resumed.step, resumed.checkpoint.path)
+        return resumed

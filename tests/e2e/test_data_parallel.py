@@ -7,6 +7,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.checkpoint.files import find_checkpoints
 from tests.helpers import FAST, max_rel_diff, read_losses, read_metrics, run_launch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
@@ -61,6 +62,9 @@ def test_a_rank_that_raises_stops_the_job(tmp_path: Path) -> None:
             "batch.global_size=8",
             "debug.raise_at_step=3",
             "debug.raise_on_rank=1",
+            # Step 2's save is still being finished in the background when rank 1 fails.
+            "checkpoint.async=true",
+            "checkpoint.every=2",
             *FAST,
         ],
         run_dir,
@@ -72,6 +76,8 @@ def test_a_rank_that_raises_stops_the_job(tmp_path: Path) -> None:
     assert "rank 1 failed" in output and "raises on purpose" in output
     assert len(read_metrics(run_dir)) < 50
     assert _leftover_workers(run_dir) == []
+    # The failing rank let that save finish before it exited: the state is kept, complete.
+    assert [c.step for c in find_checkpoints(run_dir, warn=False)] == [2], output
 
 
 def test_more_ranks_than_cores_is_a_warning_and_nodes_need_slurm(tmp_path: Path) -> None:

@@ -15,10 +15,11 @@ from launcher.config import to_root_config
 from launcher.config.load import to_plain, to_yaml
 from launcher.distributed import DistContext
 from launcher.errors import ConfigError
+from launcher.worker.stop import StopFlag
 from tests.harness import build_trainer
-from tests.unit.test_checkpoint import config, ctx, run, train
+from tests.unit.test_checkpoint import config, ctx, run, train, warnings_seen
 
-__all__ = ["ctx"]  # the fixture, shared with test_checkpoint.py
+__all__ = ["ctx", "warnings_seen"]  # the fixtures, shared with test_checkpoint.py
 
 ASYNC = {"async": True}
 
@@ -41,14 +42,7 @@ def test_training_goes_on_while_a_save_is_finished_and_resumes_like_a_sync_run(
     trainer = build_trainer(cfg, ctx, tmp_path / "async")
     checkpoints = Checkpointer(cfg, tmp_path / "async", ctx, trainer)
     root = tmp_path / "async" / "checkpoints"
-    held, release = threading.Event(), threading.Event()
-
-    def hold_step_2(step: int) -> None:
-        if step == 2:
-            held.set()
-            release.wait(timeout=120)
-
-    checkpoints.before_marker = hold_step_2
+    held, release = _held_at_step_2(checkpoints)
     losses = train(trainer, checkpoints, 2)  # the save of step 2 starts, and is held
     assert held.wait(timeout=120)
     losses += train(trainer, checkpoints, 1)  # step 3 trains while it is in flight
@@ -72,3 +66,55 @@ def test_training_goes_on_while_a_save_is_finished_and_resumes_like_a_sync_run(
     assert resumed is not None and resumed.step == 4
     again.continue_from(resumed.step, resumed.totals)
     assert train(again, Checkpointer(resumed_cfg, tmp_path / "async", ctx, again), 2) == losses[4:]
+
+
+def _held_at_step_2(checkpoints: Checkpointer) -> tuple[threading.Event, threading.Event]:
+    """Hold the save of step 2 before its completion record until `release` is set."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold(step: int) -> None:
+        if step == 2:
+            held.set()
+            release.wait(timeout=120)
+
+    checkpoints.before_marker = hold
+    return held, release
+
+
+def test_a_failure_lets_the_save_in_flight_finish_first(
+    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
+) -> None:
+    cfg = config(train={"steps": 6}, checkpoint={"every": 2, **ASYNC})
+    trainer = build_trainer(cfg, ctx, tmp_path)
+    checkpoints = Checkpointer(cfg, tmp_path, ctx, trainer)
+    held, release = _held_at_step_2(checkpoints)
+    train(trainer, checkpoints, 2)
+    assert held.wait(timeout=120)
+    # Training fails now (worker/run.py calls this on its error path); the save is let go later.
+    threading.Timer(0.5, release.set).start()
+    checkpoints.finish_after_failure(timeout=120)
+    assert [c.step for c in find_checkpoints(tmp_path)] == [2]  # complete and verified
+    assert checkpoints.last_saved == (2, tmp_path / "checkpoints" / "step_2")
+    assert any("finishing the checkpoint of step 2" in w for w in warnings_seen)
+    checkpoints.finish_after_failure(timeout=120)  # nothing in flight: returns at once
+
+
+def test_a_failure_gives_up_on_a_save_that_does_not_finish(
+    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
+) -> None:
+    cfg = config(train={"steps": 6}, checkpoint={"every": 2, **ASYNC})
+    for why, stop in (("not finished in 1s", None), ("abandoned", StopFlag())):
+        run_dir = tmp_path / why.split()[0]
+        trainer = build_trainer(cfg, ctx, run_dir)
+        checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
+        held, release = _held_at_step_2(checkpoints)
+        train(trainer, checkpoints, 2)
+        assert held.wait(timeout=120)
+        if stop is not None:  # a Ctrl-C while it waits
+            threading.Timer(0.3, stop.request, args=("SIGINT",)).start()
+        try:
+            checkpoints.finish_after_failure(stop, timeout=1 if stop is None else 120)
+            assert find_checkpoints(run_dir, warn=False) == []
+            assert any(f"step 2 was {why}" in w for w in warnings_seen), warnings_seen
+        finally:
+            release.set()  # the held thread writes its record into a directory nobody reads

@@ -109,13 +109,13 @@ def test_a_damaged_file_is_not_answered_with_torchs_unsafe_advice() -> None:
     torch's "Re-running torch.load with weights_only set to False will likely succeed"."""
     import pickle
 
-    from launcher.checkpoint.checkpointer import _cause
+    from launcher.checkpoint.resume import load_cause
 
     exc = pickle.UnpicklingError(
         "Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` "
         "will likely succeed, but it can result in arbitrary code execution."
     )
-    words = _cause(exc)
+    words = load_cause(exc)
     assert "weights_only" not in words and "damaged" in words
     long_path = "/tmp/" + "x" * 300
-    assert long_path in _cause(FileNotFoundError(f"No such file or directory: '{long_path}'"))
+    assert long_path in load_cause(FileNotFoundError(f"No such file or directory: '{long_path}'"))
