@@ -82,20 +82,23 @@ def _local(value: str | None) -> bool:
     return bool(value) and Path(str(value)).expanduser().exists()
 
 
-def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path) -> None:
+def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path, warn: bool = True) -> None:
     """Raise ConfigError naming every setting that differs from checkpoint `path`.
 
     train.steps alone may change (to train on, or stop sooner): the schedule is rebuilt from the
-    new length, so the learning rate follows the new cosine from here on, with a warning.
+    new length, so the learning rate follows the new cosine from here on, with a warning (unless
+    `warn` is false: it was given already).
     """
     saved, now = meta.get("fingerprint", {}), fingerprint(cfg)
     changed = [k for k in now if k in saved and saved[k] != now[k]]
     if STEPS_KEY in changed:
         changed.remove(STEPS_KEY)
-        log.warning(
-            f"{STEPS_KEY} changed from {saved[STEPS_KEY]} to {now[STEPS_KEY]} since checkpoint "
-            f"{path}: the learning-rate schedule is stretched to the new length from here on."
-        )
+        if warn:
+            log.warning(
+                f"{STEPS_KEY} changed from {saved[STEPS_KEY]} to {now[STEPS_KEY]} since "
+                f"checkpoint {path}: the learning-rate schedule is stretched to the new length "
+                "from here on."
+            )
     if changed:
         diffs = ", ".join(f"{k}={saved[k]} in the checkpoint, {now[k]} now" for k in changed)
         restore = " ".join(f"{k}={saved[k]}" for k in changed)

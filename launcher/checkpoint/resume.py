@@ -49,9 +49,12 @@ def load_resume_state(
     """Collective: load the checkpoint train.resume asks for (trying older ones if one fails to
     load); the step and totals to continue from (None: start from step 1)."""
     candidates = resume_candidates(cfg, run_dir, restarted=restarted, warn=ctx.is_main)
+    # `launch` judged the newest before the ranks started (checkpoint/preflight.py) and said
+    # what it had to say; a restarted or requeued attempt had no such check.
+    judged = candidates[0].path if candidates and not restarted else None
     failed: list[tuple[Path, str]] = []
     for ckpt in candidates:
-        check_compatible(ckpt.meta, cfg, ckpt.path)
+        check_compatible(ckpt.meta, cfg, ckpt.path, warn=ctx.is_main and ckpt.path != judged)
         problem = _load(ckpt, cfg, ctx, engine)
         if problem is None:
             return _resumed(ckpt, cfg, ctx)

@@ -270,3 +270,36 @@ def test_a_longer_run_may_resume_with_a_warning(tmp_path: Path) -> None:
     text = record.getMessage()
     assert "train.steps changed from 3 to 5" in text and str(tmp_path) in text
     assert "schedule is stretched" in text
+
+
+def test_a_longer_run_is_warned_about_once(
+    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
+) -> None:
+    """`launch` warns about the newest checkpoint before the ranks start (preflight); a rank
+    warns again only about what launch did not judge: an older checkpoint it falls back to, or
+    any checkpoint of a restarted attempt."""
+    run(config(), ctx, tmp_path)  # step_2 and step_4 of a 4-step run
+    longer = config(train={"steps": 6})
+
+    def steps_warnings(restarted: bool) -> list[str]:
+        warnings_seen.clear()
+        trainer = build_trainer(longer, ctx, tmp_path)
+        resumed = Checkpointer(longer, tmp_path, ctx, trainer).resume(restarted=restarted)
+        assert resumed is not None
+        return [w for w in warnings_seen if "train.steps changed from 4 to 6" in w]
+
+    check_resume(longer, tmp_path)  # what launch does first: the one warning
+    assert len(warnings_seen) == 1 and "step_4" in warnings_seen[0]
+    assert steps_warnings(restarted=False) == []
+    assert [w.split(": ")[0] for w in steps_warnings(restarted=True)] == [
+        f"train.steps changed from 4 to 6 since checkpoint {tmp_path / 'checkpoints' / 'step_4'}"
+    ]
+    # The newest damaged in place (its size as written, so only the rank's digest check finds
+    # it): the rank resumes step_2, which launch never judged, and says so.
+    engine_dir = tmp_path / "checkpoints" / "step_4" / "engine"
+    shard = max(engine_dir.glob("*.distcp"), key=os.path.getsize)
+    with open(shard, "r+b") as f:
+        f.seek(100)
+        f.write(bytes(100))
+    [fallback] = steps_warnings(restarted=False)
+    assert "step_2" in fallback
