@@ -41,8 +41,12 @@ def check_resume(cfg: RootConfig, run_dir: Path) -> RootConfig:
     candidates = resume_candidates(cfg, run_dir, restarted=False, warn=False)
     if candidates:
         check_compatible(candidates[0].meta, cfg, candidates[0].path)
-        if not cfg.checkpoint.allow_data_change:
-            check_data_unchanged(candidates[0].meta.get("data"), cfg.data, candidates[0].path)
+        check_data_unchanged(
+            candidates[0].meta.get("data"),
+            cfg.data,
+            candidates[0].path,
+            allowed=cfg.checkpoint.allow_data_change,
+        )
     return cfg
 
 

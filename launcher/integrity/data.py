@@ -11,8 +11,11 @@ from typing import Any
 from launcher.config.data import DataConfig
 from launcher.errors import ConfigError
 from launcher.integrity.digests import cached_digests
+from launcher.logs import get_logger
 
 ALLOW_KEY = "checkpoint.allow_data_change"
+
+log = get_logger("checkpoint")
 
 
 def source_files(cfg: DataConfig) -> dict[str, Path]:
@@ -58,12 +61,20 @@ def changes(recorded: dict[str, Any], current: dict[str, dict[str, Any]]) -> lis
     return found
 
 
-def check_data_unchanged(recorded: Any, cfg: DataConfig, checkpoint: Path) -> None:
-    """Refuse to resume `checkpoint` on data other than what it trained on."""
+def check_data_unchanged(
+    recorded: Any, cfg: DataConfig, checkpoint: Path, allowed: bool = False
+) -> None:
+    """Refuse to resume `checkpoint` on data other than what it trained on; with `allowed`
+    (checkpoint.allow_data_change=true) say what changed and go on."""
     if not isinstance(recorded, dict):
         return  # a checkpoint written before data identity was recorded
     found = changes(recorded, data_identity(cfg))
-    if found:
+    if found and allowed:
+        log.warning(
+            f"{ALLOW_KEY}=true: the data changed since {checkpoint} was saved "
+            f"({'; '.join(found)}); resuming on the new data."
+        )
+    elif found:
         raise ConfigError(
             ALLOW_KEY,
             f"the data changed since {checkpoint} was saved: {'; '.join(found)}. Resuming "

@@ -36,7 +36,7 @@ def _trained(cfg: RootConfig, ctx: DistContext, run_dir: Path) -> None:
 
 
 def test_changed_data_refuses_the_resume_and_a_copy_resumes(
-    ctx: DistContext, tmp_path: Path
+    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
 ) -> None:
     texts = write_texts(tmp_path / "texts.jsonl", 40)
     tok = train_tokenizer(tmp_path / "tok")
@@ -67,7 +67,11 @@ def test_changed_data_refuses_the_resume_and_a_copy_resumes(
     allowed = dataclasses.replace(
         cfg, checkpoint=dataclasses.replace(cfg.checkpoint, allow_data_change=True)
     )
-    check_resume(allowed, run)
+    warnings_seen.clear()
+    check_resume(allowed, run)  # goes on, saying what changed
+    [said] = warnings_seen
+    assert said.startswith("checkpoint.allow_data_change=true: the data changed since")
+    assert "data.tokenizer/tokenizer.json" in said and "resuming on the new data" in said
     shutil.rmtree(tok)
     shutil.copytree(tmp_path / "saved_tok", tok)
     check_resume(cfg, run)
