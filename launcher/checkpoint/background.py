@@ -76,18 +76,23 @@ class BackgroundSave:
         return True
 
 
-def finish_after_failure(pending: BackgroundSave, stop: StopFlag | None, timeout: float) -> bool:
-    """Training failed on this rank: let `pending` finish (at most `timeout` seconds, or until a
-    new stop signal) so that the newest state copied before the failure is kept. True when it
-    did. Its own error is logged, never raised over the failure's. The failing rank speaks,
-    whichever it is: this is its error path."""
+def finish_after_failure(
+    pending: BackgroundSave, failure: BaseException, stop: StopFlag | None, timeout: float
+) -> bool:
+    """Training failed on this rank (`failure`): let `pending` finish (at most `timeout`
+    seconds, or until a stop signal arrives) so that the newest state copied before the failure
+    is kept. True when it did. Its own error is logged, never raised over the failure's; only a
+    second Ctrl-C (KeyboardInterrupt) gets out. The failing rank speaks, whichever it is: this is
+    its error path."""
     step = pending.step
+    lines = str(failure).strip().splitlines()
+    what = type(failure).__name__ + (f": {lines[0][:200]}" if lines else "")
     log.warning(
-        f"training failed; finishing the checkpoint of step {step} first (at most "
+        f"training failed ({what}); finishing the checkpoint of step {step} first (at most "
         f"{timeout:.0f}s; Ctrl-C abandons it, and the checkpoint before it stays)."
     )
-    asked_before = stop is not None and stop.requested
-    asked = lambda: stop is not None and stop.requested and not asked_before  # noqa: E731
+    signals_before = stop.signals_received if stop is not None else 0
+    asked = lambda: stop is not None and stop.signals_received > signals_before  # noqa: E731
     try:
         finished = pending.wait_unless(timeout, asked)
     except Exception as exc:  # the failure that ends the run is the one to raise

@@ -189,12 +189,12 @@ class Checkpointer:
             self.last_saved = (pending.step, pending.final)
 
     def finish_after_failure(
-        self, stop: StopFlag | None = None, timeout: float = FAILURE_WAIT_S
+        self, failure: BaseException, stop: StopFlag | None = None, timeout: float = FAILURE_WAIT_S
     ) -> None:
         """Training failed on this rank: let the asynchronous save in flight, if any, finish
-        (launcher/checkpoint/background.py's finish_after_failure); never raises."""
+        (launcher/checkpoint/background.py's finish_after_failure)."""
         pending, self.pending = self.pending, None
-        if pending is not None and finish_after_failure(pending, stop, timeout):
+        if pending is not None and finish_after_failure(pending, failure, stop, timeout):
             self.last_saved = (pending.step, pending.final)
 
     def _complete(

@@ -3,34 +3,44 @@ when complete, so an interrupted export never leaves a half-written directory un
 asked for, and never destroys what was there. Only a real directory is ever replaced (with
 export.overwrite=true); a symlink, a device or a file given as --output is refused.
 
-The siblings are hidden (`.NAME.partial-PID` while written, `.NAME.old-PID` for the directory
-being replaced) and each carries a file naming the process that made it. A later export to the
-same output tidies what a killed one (kill -9) left: a partial directory is removed, and a
-replaced directory is put back if the new one never got into place, else removed. Only those
-siblings are touched, and only when their process is gone."""
+The hidden siblings, what a killed export leaves of them and the lock that keeps two exports to
+one output apart are launcher/export/siblings.py."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 from pathlib import Path
 
 from launcher.errors import ConfigError
+from launcher.export.siblings import (
+    KEY,
+    OLD,
+    SUFFIX_BYTES,
+    finish_partial,
+    make_partial,
+    output_lock,
+    sibling,
+)
 from launcher.logs import get_logger
 
 log = get_logger("export")
 
-KEY = "--output"
 RECORD_FILE = "launcher_export.json"  # in every export: what a later overwrite may replace
-OWNER_FILE = ".launcher_export_owner"  # in a hidden sibling: the process id that made it
-PARTIAL, OLD = "partial", "old"
-_SUFFIX_ROOM = 32  # ".", ".partial-" and a process id, within the file system's name limit
 
 
 def check_output(path: Path, overwrite: bool, run_dir: Path) -> None:
     """Refuse an output the export may not write to, before any weight is read."""
     _check_name_length(path)
     _check_outside_the_run(path, run_dir)
+    old = sibling(path, OLD)
+    if os.path.lexists(old):
+        raise ConfigError(
+            KEY,
+            f"{old} exists, and this export did not make it (it would move {path} there).",
+            f"move or delete {shlex.quote(str(old))}, then export again.",
+        )
     if path.is_symlink():
         raise ConfigError(
             KEY,
@@ -76,24 +86,27 @@ def _check_outside_the_run(path: Path, run_dir: Path) -> None:
 
 
 def _check_name_length(path: Path) -> None:
-    """Names the file system refuses, named before anything is written (os.stat's ENAMETOOLONG
-    was a traceback)."""
+    """Names the file system refuses (it counts bytes), and `..` as the last name, before
+    anything is written: os.stat's ENAMETOOLONG was a traceback."""
+    if path.name in ("", ".", ".."):
+        raise ConfigError(KEY, f"{path} does not name a directory of its own.", "give DIR/NAME.")
     try:
         limit = os.pathconf(_existing_ancestor(path), "PC_NAME_MAX")
     except (OSError, ValueError):
         limit = 255
-    too_long = [part for part in path.parts[:-1] if len(part) > limit]
-    if len(path.name) > limit - _SUFFIX_ROOM:
+    sizes = [len(os.fsencode(part)) for part in path.parts]
+    too_long = [p for p, n in zip(path.parts[:-1], sizes[:-1], strict=True) if n > limit]
+    if sizes[-1] > limit - SUFFIX_BYTES:
         too_long.append(path.name)
     if too_long:
         name = too_long[0]
         raise ConfigError(
             KEY,
-            f"the name {name[:40]}... is {len(name)} characters; this file system allows {limit}, "
-            f"and the export's own directory needs {_SUFFIX_ROOM} of them for its temporary "
-            "sibling.",
-            f"give a path whose every name is at most {limit} characters, and the last at most "
-            f"{limit - _SUFFIX_ROOM}.",
+            f"the name {name[:40]}... is {len(os.fsencode(name))} bytes; this file system allows "
+            f"{limit}, and the export's own directory needs {SUFFIX_BYTES} of them for its "
+            "temporary sibling.",
+            f"give a path whose every name is at most {limit} bytes, and the last at most "
+            f"{limit - SUFFIX_BYTES}.",
         )
 
 
@@ -107,89 +120,32 @@ def _existing_ancestor(path: Path) -> Path:
     return Path("/")
 
 
-def _sibling(path: Path, kind: str, pid: int) -> Path:
-    return path.with_name(f".{path.name}.{kind}-{pid}")
-
-
-def _owner(directory: Path) -> int | None:
-    """The process id recorded in a hidden sibling this module made; None for anything else."""
-    if directory.is_symlink() or not directory.is_dir():
-        return None
-    try:
-        return int((directory / OWNER_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def tidy_leftovers(path: Path) -> None:
-    """What killed exports to `path` left beside it: a partial directory is removed; a directory
-    moved aside to be replaced goes back when nothing took its place, else it is removed."""
-    try:
-        siblings = list(path.parent.glob(f".{path.name}.*-*"))
-    except OSError:
-        return
-    for sibling in sorted(siblings):
-        kind, _, pid = sibling.name[len(path.name) + 2 :].partition("-")
-        if kind not in (PARTIAL, OLD) or not pid.isdigit():
-            continue
-        owner = int(pid)
-        if _owner(sibling) != owner or (owner != os.getpid() and _alive(owner)):
-            continue  # not ours, or its export still runs (our own id: an earlier process's)
-        if kind == OLD and not os.path.lexists(path):
-            (sibling / OWNER_FILE).unlink()
-            sibling.rename(path)
-            log.warning(f"put back {path}, which a killed export had moved to {sibling.name}.")
-            continue
-        shutil.rmtree(sibling, ignore_errors=True)
-        log.info(f"removed {sibling}, left by a killed export (process {pid}).")
-
-
 def temporary_sibling(path: Path) -> Path:
-    """A new hidden directory beside `path`, marked as this process's."""
-    tidy_leftovers(path)
-    tmp = _sibling(path, PARTIAL, os.getpid())
-    try:
-        tmp.mkdir()
-    except FileExistsError:
-        raise ConfigError(
-            KEY,
-            f"{tmp} exists, and no export made it.",
-            f"move or delete {tmp}, then export again.",
-        ) from None
-    (tmp / OWNER_FILE).write_text(f"{os.getpid()}\n")
-    return tmp
+    """A new hidden directory beside `path` to write the export into (siblings.py)."""
+    with output_lock(path):
+        return make_partial(path)
 
 
 def commit(tmp: Path, path: Path, overwrite: bool, run_dir: Path) -> None:
     """Rename the complete export into place; an existing directory (checked again: it may have
     changed while the weights were written) is moved aside first and removed after."""
-    check_output(path, overwrite, run_dir)
-    (tmp / OWNER_FILE).unlink()
-    _usual_modes(tmp)
-    if not path.exists():
+    with output_lock(path):
+        check_output(path, overwrite, run_dir)
+        _usual_modes(tmp)
+        if not path.exists():
+            tmp.rename(path)
+            finish_partial(path)
+            return
+        old = sibling(path, OLD)  # absent: check_output refuses one that exists
+        path.rename(old)
         tmp.rename(path)
-        return
-    old = _sibling(path, OLD, os.getpid())
-    # Marked first, so that a kill between the renames leaves it recoverable (tidy_leftovers).
-    (path / OWNER_FILE).write_text(f"{os.getpid()}\n")
-    path.rename(old)
-    tmp.rename(path)
+        finish_partial(path)
     try:
         shutil.rmtree(old)
     except OSError as exc:
         log.warning(
             f"the export is in place, but the directory it replaced, moved to {old}, could not "
-            f"be removed ({exc.strerror or exc}); delete it by hand: rm -r '{old}'"
+            f"be removed ({exc.strerror or exc}); delete it by hand: rm -r {shlex.quote(str(old))}"
         )
 
 

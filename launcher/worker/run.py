@@ -143,10 +143,13 @@ def train_rank(
             return StoppedRun(trainer.step, str(saved) if saved else None)
         checkpoints.save_final()
     except BaseException as exc:
-        if isinstance(exc, Exception):  # not an abort (a second Ctrl-C, SystemExit)
-            checkpoints.finish_after_failure(stop)
-        # End the wandb run now (a stop with STOPPED_RESUMABLE shows as preempted).
-        tracker.close(exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1)
+        try:
+            if isinstance(exc, Exception):  # not an abort (a second Ctrl-C, SystemExit)
+                checkpoints.finish_after_failure(exc, stop)
+        finally:
+            # End the wandb run now (a stop with STOPPED_RESUMABLE shows as preempted).
+            code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+            tracker.close(code)
         raise
     meter.close()  # a resumed run may end inside the window
     peak_memory = peak_memory_bytes(ctx.device, meter)  # before the probe resets CUDA's peak

@@ -40,6 +40,9 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        self.signals_received = 0
+        """Every stop signal counts, the first and those after it (a wait that a new signal
+        ends compares this)."""
 
     @property
     def requested(self) -> bool:
@@ -50,6 +53,7 @@ class StopFlag:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         del frame
+        self.signals_received += 1
         if signum == signal.SIGTERM:
             # The next SIGTERM kills at once, whatever the process is doing.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

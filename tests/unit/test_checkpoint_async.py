@@ -4,6 +4,7 @@ during an asynchronous save is tests/e2e/test_checkpoint_async.py."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from pathlib import Path
 
@@ -92,28 +93,35 @@ def test_a_failure_lets_the_save_in_flight_finish_first(
     assert held.wait(timeout=120)
     # Training fails now (worker/run.py calls this on its error path); the save is let go later.
     threading.Timer(0.5, release.set).start()
-    checkpoints.finish_after_failure(timeout=120)
+    checkpoints.finish_after_failure(RuntimeError("rank 0 raises"), timeout=120)
     assert [c.step for c in find_checkpoints(tmp_path)] == [2]  # complete and verified
     assert checkpoints.last_saved == (2, tmp_path / "checkpoints" / "step_2")
-    assert any("finishing the checkpoint of step 2" in w for w in warnings_seen)
-    checkpoints.finish_after_failure(timeout=120)  # nothing in flight: returns at once
+    assert any(
+        "training failed (RuntimeError: rank 0 raises); finishing the checkpoint of step 2" in w
+        for w in warnings_seen
+    )
+    checkpoints.finish_after_failure(RuntimeError(), timeout=120)  # nothing in flight
 
 
 def test_a_failure_gives_up_on_a_save_that_does_not_finish(
     ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
 ) -> None:
     cfg = config(train={"steps": 6}, checkpoint={"every": 2, **ASYNC})
-    for why, stop in (("not finished in 1s", None), ("abandoned", StopFlag())):
-        run_dir = tmp_path / why.split()[0]
+    earlier = StopFlag()
+    earlier._handle(signal.SIGUSR1, None)  # SLURM's early warning came before the failure
+    cases = (("not finished in 1s", None), ("abandoned", StopFlag()), ("abandoned", earlier))
+    for n, (why, stop) in enumerate(cases):
+        run_dir = tmp_path / str(n)
         trainer = build_trainer(cfg, ctx, run_dir)
         checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
         held, release = _held_at_step_2(checkpoints)
         train(trainer, checkpoints, 2)
         assert held.wait(timeout=120)
-        if stop is not None:  # a Ctrl-C while it waits
-            threading.Timer(0.3, stop.request, args=("SIGINT",)).start()
+        if stop is not None:  # a stop signal while it waits (SLURM's SIGUSR1, a Ctrl-C)
+            threading.Timer(0.3, stop._handle, args=(signal.SIGUSR1, None)).start()
         try:
-            checkpoints.finish_after_failure(stop, timeout=1 if stop is None else 120)
+            failure = RuntimeError("a peer died")
+            checkpoints.finish_after_failure(failure, stop, timeout=1 if stop is None else 120)
             assert find_checkpoints(run_dir, warn=False) == []
             assert any(f"step 2 was {why}" in w for w in warnings_seen), warnings_seen
         finally:
