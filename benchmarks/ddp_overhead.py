@@ -32,9 +32,9 @@ from launcher.data import build_dataset
 from launcher.data.sequence import collate
 from launcher.distributed import init_distributed
 from launcher.engines import build_engine
+from launcher.engines.optim import build_optimizer
 from launcher.tracking.tracker import Tracker
 from launcher.training.loop import Trainer
-from launcher.training.optim import build_optimizer
 from launcher.worker.run import build_model
 
 WORLD = 2

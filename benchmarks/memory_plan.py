@@ -47,13 +47,13 @@ COMMON = ["parallel.dp=2", "train.steps=2", "wandb.mode=disabled", "checkpoint.e
 
 ONE_B = (
     "from launcher.config.load import to_root_config; import time, resource\n"
-    "from launcher.models.probe import inspect_model; from launcher.plan import plan_split\n"
+    "from launcher.plan import model_info, plan_split\n"
     "from launcher.runners.inprocess import InProcessRunner\n"
     "m = dict(n_layer=24, n_head=16, d_model=2048, seq_len=2048, vocab_size=50304)\n"
     "for ac, micro in (('none', 2), ('auto', 'auto')):\n"
     "    cfg = to_root_config({'model': m, 'batch': {'global_size': 8, 'micro_size': micro},\n"
     "        'ac': {'policy': ac}, 'train': {'memory_budget': '40GiB'}})\n"
-    "    t = time.perf_counter(); info = inspect_model(cfg)\n"
+    "    t = time.perf_counter(); info = model_info(cfg)\n"
     "    _, c = plan_split(cfg, info, InProcessRunner())\n"
     "    print(f'| {info.parameters:,} | ac={ac} micro={micro} | {time.perf_counter() - t:.1f} |'\n"
     "          f' {c.micro_size} / {c.policy.value} | {c.plan.peak / 2**30:.1f} |'\n"

@@ -24,11 +24,17 @@ from launcher.runners.base import Runner
 from launcher.secrets import redactor_for
 
 
+def model_info(cfg: RootConfig) -> ModelInfo:
+    """Every model check of the plan (launcher/models/probe.py), with the engine's own reason to
+    need the model's blocks."""
+    return inspect_model(cfg, engine_spec(cfg.engine.name).needs_blocks(cfg))
+
+
 def count_parameters(cfg: RootConfig) -> int:
     """Exact parameter count of the model actually built, on the meta device (no memory, no
     time). Also every model check of the plan (launcher/models/probe.py): blocks where a policy
     or FSDP needs them, and a user model's probe forward."""
-    return inspect_model(cfg).parameters
+    return model_info(cfg).parameters
 
 
 @dataclass
@@ -123,7 +129,9 @@ def memory_budget(cfg: RootConfig, runner: Runner) -> Budget | None:
     """train.memory_budget; else the ranks' share of the memory they train in, as the runner
     knows it (a GPU's; on CPU this machine's RAM or a SLURM node's cluster.mem); else none."""
     return budget_for(
-        cfg.train.memory_budget_bytes, cfg.train.memory_budget, machine_budget(cfg, runner)
+        cfg.train.memory_budget_bytes,
+        cfg.train.memory_budget,
+        machine_budget(runner.machine_memory(cfg)),
     )
 
 
@@ -138,7 +146,7 @@ def plan_split(
 def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
     """The complete plan for a run in `run_dir`; a bad value raises before anything is written.
     batch.micro_size=auto and ac=auto are chosen here: plan.config is the config to run."""
-    info = inspect_model(cfg)
+    info = model_info(cfg)
     budget = memory_budget(cfg, runner)
     cfg, choice = plan_split(cfg, info, runner, budget)
     auto = choice.variant is not None or choice.request != {

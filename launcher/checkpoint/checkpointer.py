@@ -6,7 +6,7 @@ which checkpoint to use). A save is complete only once its completion record lis
 closed files, and only then renamed into place: a crash at any point leaves the previous
 checkpoint intact. With checkpoint.async=true the state is copied on the training thread and the
 rest finished by launcher/checkpoint/background.py. Nothing here unpickles code: RNG files are
-read with torch.load(weights_only=True), DCP through launcher/checkpoint/dcp.py, the rest is JSON.
+read with torch.load(weights_only=True), DCP through launcher/engines/dcp.py, the rest is JSON.
 """
 
 from __future__ import annotations

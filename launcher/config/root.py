@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from launcher.config.ac import AcConfig
+from launcher.config.batch import BatchSplit, resolve_batch
 from launcher.config.checks import require_finite
 from launcher.config.cluster import ClusterConfig, ClusterKind
 from launcher.config.data import DataConfig
@@ -19,7 +20,6 @@ from launcher.config.train import CheckpointConfig, DebugConfig, OptimConfig, Tr
 from launcher.config.verify import VerifyConfig
 from launcher.config.wandb import WandbConfig
 from launcher.errors import ConfigError
-from launcher.training.batch import BatchSplit, resolve_batch
 
 if TYPE_CHECKING:
     ModelSection = AnyModelConfig

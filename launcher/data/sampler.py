@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.training.batch import BatchSplit
+from launcher.config.batch import BatchSplit
 
 
 class GlobalBatchSampler:

@@ -102,7 +102,7 @@ class TorchOptimizerEngine(Engine):
     def dcp_state(self) -> dict[str, Any]:
         """The training state as DCP Stateful objects: model and optimizer (through DCP's
         state_dict helpers, which understand DDP and FSDP wrappers), scheduler, loss scaler."""
-        from launcher.checkpoint.dcp import MODEL_AND_OPTIMIZER, ModelAndOptimizer
+        from launcher.engines.dcp import MODEL_AND_OPTIMIZER, ModelAndOptimizer
 
         return {
             MODEL_AND_OPTIMIZER: ModelAndOptimizer(self.model, self.optimizer),
@@ -111,18 +111,18 @@ class TorchOptimizerEngine(Engine):
         }
 
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
-        from launcher.checkpoint import dcp
+        from launcher.engines import dcp
 
         del client_state  # in meta.json already
         dcp.save(directory, self.dcp_state())
 
     def save_checkpoint_async(self, directory: Path, group: dist.ProcessGroup) -> Future[Any]:
-        from launcher.checkpoint import dcp
+        from launcher.engines import dcp
 
         return dcp.save_async(directory, self.dcp_state(), group)
 
     def load_checkpoint(self, directory: Path) -> dict[str, Any]:
-        from launcher.checkpoint import dcp
+        from launcher.engines import dcp
 
         dcp.load(directory, self.dcp_state())
         return {}

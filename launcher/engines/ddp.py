@@ -13,7 +13,7 @@ from launcher.config.root import RootConfig
 from launcher.distributed import DistContext
 from launcher.engines import precision
 from launcher.engines.base import TorchOptimizerEngine
-from launcher.training.optim import build_optimizer, build_scheduler
+from launcher.engines.optim import build_optimizer, build_scheduler
 
 
 class DDPEngine(TorchOptimizerEngine):

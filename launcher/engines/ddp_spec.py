@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from launcher.config.engine import EngineName
 from launcher.config.root import RootConfig
 from launcher.engines.spec import DCPSpec, with_engine
-from launcher.memory.shape import FP32, ModelShape
+from launcher.models.shape import FP32, ModelShape
 
 if TYPE_CHECKING:
     from torch import nn

@@ -32,7 +32,7 @@ from launcher.config.root import RootConfig
 from launcher.distributed import DistContext
 from launcher.engines.base import Engine
 from launcher.engines.ds_config import build_ds_config
-from launcher.training.optim import build_optimizer, build_scheduler
+from launcher.engines.optim import build_optimizer, build_scheduler
 
 CHECKPOINT_TAG = "deepspeed"
 

@@ -19,7 +19,7 @@ from launcher.engines.spec import (
     with_offload,
 )
 from launcher.errors import ConfigError
-from launcher.memory.shape import FP32, ModelShape
+from launcher.models.shape import FP32, ModelShape
 from launcher.rundir import DS_CONFIG_FILE
 
 if TYPE_CHECKING:

@@ -36,8 +36,8 @@ DERIVED_FROM = {
 
 # Sections DeepSpeed would use to replace our AdamW and warmup-cosine schedule.
 RESERVED = {
-    "optimizer": "optim.* (AdamW built by launcher/training/optim.py)",
-    "scheduler": "optim.* (warmup + cosine schedule built by launcher/training/optim.py)",
+    "optimizer": "optim.* (AdamW built by launcher/engines/optim.py)",
+    "scheduler": "optim.* (warmup + cosine schedule built by launcher/engines/optim.py)",
 }
 
 # fp16 dynamic loss scaling, with the same start and back-off as torch.amp.GradScaler.

@@ -38,8 +38,8 @@ from launcher.distributed import DistContext
 from launcher.engines import precision as precisions
 from launcher.engines.base import TorchOptimizerEngine
 from launcher.engines.fsdp_units import NEEDS_BLOCKS
+from launcher.engines.optim import build_optimizer, build_scheduler
 from launcher.models.blocks import require_blocks
-from launcher.training.optim import build_optimizer, build_scheduler
 
 
 def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:

@@ -13,7 +13,7 @@ from launcher.engines.fsdp_units import NEEDS_BLOCKS
 from launcher.engines.precision import bytes_per_element
 from launcher.engines.spec import DCPSpec, offloaded, trains_on_gpu, with_engine, with_offload
 from launcher.errors import ConfigError
-from launcher.memory.shape import FP32, ModelShape
+from launcher.models.shape import FP32, ModelShape
 
 if TYPE_CHECKING:
     from torch import nn

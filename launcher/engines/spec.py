@@ -24,10 +24,10 @@ if TYPE_CHECKING:
 
     from launcher.distributed import DistContext
     from launcher.engines.base import Engine
-    from launcher.memory.shape import ModelShape
+    from launcher.models.shape import ModelShape
 
 DCP_FORMAT = "dcp"
-"""torch.distributed.checkpoint: reshards on load (launcher/checkpoint/dcp.py)."""
+"""torch.distributed.checkpoint: reshards on load (launcher/engines/dcp.py)."""
 
 
 def with_engine(cfg: RootConfig, name: EngineName, stage: int = 0) -> RootConfig:
@@ -124,7 +124,7 @@ class EngineSpec(ABC):
 
     @abstractmethod
     def memory_parts(self, cfg: RootConfig, shape: ModelShape) -> dict[str, int]:
-        """Bytes per rank of each of memory.shape.STATE_PARTS (everything but the activations)
+        """Bytes per rank of each of models.shape.STATE_PARTS (everything but the activations)
         held at the step's peak, wherever they live: what the engine shards over parallel.dp, the
         copies it keeps, its communication buffers. `host_parts` says how much is in host
         memory."""
@@ -177,7 +177,7 @@ class DCPSpec(EngineSpec):
     def read_weights(
         self, directory: Path, model: nn.Module, cfg: RootConfig
     ) -> dict[str, torch.Tensor]:
-        from launcher.checkpoint.dcp import read_model_weights
+        from launcher.engines.dcp import read_model_weights
 
         del cfg
         return read_model_weights(directory, model)

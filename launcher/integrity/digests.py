@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from launcher.memory.probe_cache import cache_dir
+from launcher.host import cache_dir
 
 CACHE_FILE = "digests.json"
 _CHUNK = 1 << 20

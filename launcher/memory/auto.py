@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.config.ac import AcPolicy
+from launcher.config.batch import divisors
 from launcher.config.root import RootConfig
 from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.memory.budget import Budget, over_budget, size
 from launcher.memory.parts import MemoryPlan
 from launcher.memory.planner import Planner
-from launcher.memory.shape import ModelShape
 from launcher.models.probe import ModelInfo
-from launcher.training.batch import divisors
+from launcher.models.shape import ModelShape
 
 SAFETY_MARGIN = 0.10
 """Fraction of the budget an automatic choice leaves free (allocator slack, the framework)."""

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.config.ac import AcPolicy
+from launcher.config.batch import divisors
 from launcher.config.root import RootConfig
 from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.memory.parts import FIXES, MemoryPlan
 from launcher.memory.planner import Planner, with_dp
-from launcher.training.batch import divisors
 
 
 @dataclass(frozen=True)

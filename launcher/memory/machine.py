@@ -13,7 +13,9 @@ import torch
 
 from launcher.config.root import RootConfig
 from launcher.memory.budget import Budget
-from launcher.runners.base import MachineMemory, Runner
+
+MachineMemory = tuple[int, int, str]
+"""The memory the ranks train in: (bytes, ranks sharing them, what they are, in words)."""
 
 
 def _gpu_memory_bytes() -> int | None:
@@ -52,10 +54,9 @@ def local_memory(cfg: RootConfig) -> MachineMemory | None:
     return int(psutil.virtual_memory().total), cfg.parallel.ranks_per_node, "this machine's RAM"
 
 
-def machine_budget(cfg: RootConfig, runner: Runner) -> Budget | None:
-    """A rank's share of the memory it trains in (the runner knows where that is) as a budget;
-    None when it is not known here."""
-    machine = runner.machine_memory(cfg)
+def machine_budget(machine: MachineMemory | None) -> Budget | None:
+    """A rank's share of the memory it trains in (the runner says where that is:
+    `Runner.machine_memory`) as a budget; None when it is not known here."""
     if machine is None:
         return None
     capacity, sharing, what = machine

@@ -20,7 +20,7 @@ from typing import Any
 from launcher.config.root import RootConfig
 from launcher.engines import engine_spec
 from launcher.memory.probe import ActivationLine
-from launcher.memory.shape import STATE_PARTS, ModelShape
+from launcher.models.shape import STATE_PARTS, ModelShape
 
 PARTS = (*STATE_PARTS, "activations")
 """The parts of the plan, in the order they are shown."""

@@ -12,7 +12,7 @@ from launcher.config.model import ModelConfig
 from launcher.config.root import RootConfig
 from launcher.memory.parts import MemoryPlan, plan_memory
 from launcher.memory.probe import ActivationLine, probe_activations
-from launcher.memory.shape import ModelShape
+from launcher.models.shape import ModelShape
 
 GENERIC_FLOPS = {
     AcPolicy.none: 1.0,

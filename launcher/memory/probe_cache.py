@@ -26,8 +26,8 @@ import torch
 import launcher
 from launcher.config.model import UserModelConfig
 from launcher.config.root import RootConfig
+from launcher.host import cache_dir
 
-CACHE_ENV = "LAUNCHER_CACHE_DIR"
 _OWN_CODE = (
     "memory/probe.py",
     "recompute/policies.py",
@@ -36,13 +36,6 @@ _OWN_CODE = (
     "recompute/wrap.py",
     "models/gpt.py",
 )
-
-
-def cache_dir() -> Path:
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "launcher"
 
 
 def _file_digest(path: Path) -> str:

@@ -18,7 +18,6 @@ from torch.overrides import TorchFunctionMode
 from launcher.config.ac import AcPolicy
 from launcher.config.model import UserModelConfig, blocks_path
 from launcher.config.root import RootConfig
-from launcher.engines import engine_spec
 from launcher.errors import ConfigError, DataError, LauncherError, VocabTooSmall
 from launcher.models.blocks import BlockList, find_blocks, require_blocks
 from launcher.models.build import build_model
@@ -73,11 +72,10 @@ def _on(device: str) -> Iterator[None]:
             yield
 
 
-def _needs_blocks(cfg: RootConfig) -> str | None:
+def _needs_blocks(cfg: RootConfig, engine: str | None) -> str | None:
     needs = []
     if cfg.ac.policy not in (AcPolicy.none, AcPolicy.auto):  # auto picks none without blocks
         needs.append(f"ac={cfg.ac.policy.value}")
-    engine = engine_spec(cfg.engine.name).needs_blocks(cfg)
     if engine:
         needs.append(engine)
     return " and ".join(needs) or None
@@ -164,12 +162,14 @@ def check_vocab(cfg: RootConfig, model: UserModelConfig, vocab: int) -> None:
         )
 
 
-def inspect_model(cfg: RootConfig) -> ModelInfo:
-    """Build, count, find blocks and probe: every model check the plan makes."""
+def inspect_model(cfg: RootConfig, engine_needs: str | None) -> ModelInfo:
+    """Build, count, find blocks and probe: every model check the plan makes. `engine_needs`: why
+    the engine needs the model's blocks, or None (`EngineSpec.needs_blocks`: the engines sit
+    above the models, so the plan asks them)."""
     with _on("meta"):
         model = build_model(cfg.model)
     parameters = sum(p.numel() for p in model.parameters())
-    path, needs = blocks_path(cfg.model), _needs_blocks(cfg)
+    path, needs = blocks_path(cfg.model), _needs_blocks(cfg, engine_needs)
     blocks = require_blocks(model, path, needs) if needs else find_blocks(model, path)
     if cfg.model.init_from:
         check_initial_weights(model, cfg.model.init_from)

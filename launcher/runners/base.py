@@ -13,12 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from launcher.config.root import RootConfig
+from launcher.memory.machine import MachineMemory
 
 if TYPE_CHECKING:
     from launcher.plan import Plan
-
-MachineMemory = tuple[int, int, str]
-"""The memory the ranks train in: (bytes, ranks sharing them, what they are, in words)."""
 
 
 class Runner(ABC):

@@ -8,16 +8,12 @@ import torch
 
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
+from launcher.host import local_cpu_count
 from launcher.logs import get_logger
-from launcher.runners.base import MachineMemory, Runner
+from launcher.memory.machine import MachineMemory
+from launcher.runners.base import Runner
 
 log = get_logger("launch")
-
-
-def local_cpu_count() -> int:
-    return (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
 
 
 def thread_environment(cfg: RootConfig) -> dict[str, str]:

@@ -22,6 +22,7 @@ from launcher.config.root import RootConfig
 from launcher.errors import ConfigError, EnvironmentProblem
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
+from launcher.memory.machine import MachineMemory
 from launcher.resources import sbatch_template
 from launcher.rundir import (
     CERTIFICATE_FILE,
@@ -30,7 +31,7 @@ from launcher.rundir import (
     VERIFY_SBATCH_FILE,
     slurm_logs,
 )
-from launcher.runners.base import MachineMemory, Runner
+from launcher.runners.base import Runner
 from launcher.runners.slurm_verify import verify_step
 from launcher.secrets import redactor_for
 

@@ -224,7 +224,7 @@ def apply_thread_rule() -> int:
     machine's cores for the one process; a loaded machine's default threads oversubscribe."""
     import torch
 
-    from launcher.runners.local import local_cpu_count
+    from launcher.host import local_cpu_count
 
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or local_cpu_count()
     torch.set_num_threads(max(1, threads))

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
+from launcher.config.batch import BatchSplit
 from launcher.errors import LauncherError
 from launcher.exit_codes import DIVERGED
 from launcher.tracking.metrics import StepMetrics
-from launcher.training.batch import BatchSplit
 from launcher.training.loss import StepTokens
 from launcher.training.steptime import StepTimes
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from launcher.config.batch import divisors
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.lifetime import RunLock
@@ -21,7 +22,6 @@ from launcher.plan import Plan, build_plan
 from launcher.prepare import check_environment, prepare_run, refuse_started_run, write_run_files
 from launcher.runners import Runner, runner_for
 from launcher.runners.inprocess import InProcessRunner
-from launcher.training.batch import divisors
 from launcher.verify.compare import compare, statistics_gaps
 from launcher.verify.diagnose import diagnose
 from launcher.verify.report import Certificate, write_certificate

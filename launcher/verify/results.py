@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
+from launcher.config.batch import BatchSplit
 from launcher.rundir import CERTIFICATE_FILE as CERTIFICATE_FILE  # verify.json, named there
 from launcher.tracking.metrics import StepMetrics
-from launcher.training.batch import BatchSplit
 
 VERIFY_DIR = "verify"
 SPLIT_DIR, REFERENCE_DIR, REPEAT_DIR = "split", "reference", "reference2"

@@ -14,6 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "launcher"
+DEVELOPMENT = ROOT / "docs" / "development.md"
+ORDER_MARK = "<!-- package order: highest first -->"
 
 NAME_TEST = re.compile(
     r'(==|!=|is|in) *"(ddp|fsdp|deepspeed|torchrun|slurm|local)"|(==|!=|is) *EngineName\.'
@@ -149,6 +151,53 @@ def test_no_module_imports_a_module_that_imports_it_back() -> None:
     )
 
 
+def package_order() -> list[list[str]]:
+    """The floors written once in docs/development.md, lowest first: each a list of packages
+    (launcher/NAME/) or top-level modules (launcher/NAME.py; `launcher` is the package's own
+    __init__)."""
+    text = DEVELOPMENT.read_text(encoding="utf-8")
+    block = text[text.index(ORDER_MARK) :].split("```")[1]
+    lines = [line.split() for line in block.splitlines()[1:] if line.strip()]
+    return lines[::-1]
+
+
+def unit_of(module: str) -> str:
+    """The package or top-level module a module belongs to (launcher.data.hf: data)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph: dict[str, set[str]], floors: list[list[str]]) -> list[str]:
+    """Every import of a unit on the same floor or above (the lowest floor's modules may import
+    each other), as 'module -> module (floor -> floor)'."""
+    floor = {unit: number for number, names in enumerate(floors) for unit in names}
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = unit_of(module), unit_of(target)
+            if a != b and (floor[b] > floor[a] or (floor[b] == floor[a] and floor[a] > 0)):
+                found.append(f"{module} -> {target} ({a} imports {b}, listed above or beside it)")
+    return found
+
+
+def test_every_import_points_down_the_package_order() -> None:
+    graph = import_graph()
+    floors = package_order()
+    listed = [unit for names in floors for unit in names]
+    units = {unit_of(module) for module in graph}
+    assert len(listed) == len(set(listed)), f"a name is listed twice in {DEVELOPMENT}"
+    assert not units - set(listed), (
+        f"not in the package order of {DEVELOPMENT.relative_to(ROOT)}: "
+        f"{sorted(units - set(listed))}; give each its line there"
+    )
+    assert not set(listed) - units, f"listed but not in launcher/: {sorted(set(listed) - units)}"
+    upward = upward_imports(graph, floors)
+    assert not upward, (
+        "imports against the package order (docs/development.md#the-package-order); move what "
+        "both need to the lower floor:\n" + "\n".join(upward)
+    )
+
+
 def test_the_checks_see_what_they_guard() -> None:
     """The graph has the package's real edges, lazy ones included, none under TYPE_CHECKING, and
     `from package import module` is that module; a cycle is found through three modules."""
@@ -160,3 +209,9 @@ def test_the_checks_see_what_they_guard() -> None:
     assert import_cycles(cycle) == [["a", "b", "c", "a"]]
     assert NAME_TEST.search('if runner.name == "slurm":')
     assert NAME_TEST.search("cfg.engine.name != EngineName.fsdp")
+    floors = [["launcher", "errors"], ["config"], ["data"]]
+    assert upward_imports({"launcher.config.root": {"launcher.errors"}}, floors) == []
+    assert upward_imports({"launcher.errors": {"launcher"}}, floors) == []
+    assert upward_imports({"launcher.config.root": {"launcher.data.x"}}, floors)  # upward
+    assert upward_imports({"launcher.config.a": {"launcher.config.b"}}, floors) == []
+    assert len(package_order()) > 10 and package_order()[-1] == ["cli"]

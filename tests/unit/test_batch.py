@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.config.batch import MAX_GLOBAL_SIZE, BatchSplit, divisors, resolve_batch
 from launcher.errors import ConfigError
-from launcher.training.batch import MAX_GLOBAL_SIZE, BatchSplit, divisors, resolve_batch
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,11 @@ import torch
 
 from launcher.checkpoint.checkpointer import Checkpointer
 from launcher.checkpoint.compat import check_compatible, fingerprint
-from launcher.checkpoint.dcp import SafeReader
 from launcher.checkpoint.files import MARKER, find_checkpoints
 from launcher.checkpoint.preflight import check_resume, start_fresh
 from launcher.config.root import RootConfig
 from launcher.distributed import DistContext, init_distributed, teardown_distributed
+from launcher.engines.dcp import SafeReader
 from launcher.errors import ConfigError
 from launcher.training.loop import Trainer
 from launcher.training.loss import all_reduce_token_counts

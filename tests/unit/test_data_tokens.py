@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from launcher.config.batch import resolve_batch
 from launcher.config.data import DataConfig, DataKind, TokenDtype
 from launcher.data import IGNORE_INDEX
 from launcher.data.build import build_datasets
 from launcher.data.sampler import GlobalBatchSampler
 from launcher.data.sequence import collate
 from launcher.errors import DataError
-from launcher.training.batch import resolve_batch
 from launcher.training.evaluation import eval_chunks
 from tests.data_sources import write_tokens
 

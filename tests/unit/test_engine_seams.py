@@ -19,8 +19,8 @@ from launcher.checkpoint.weights import load_strict, load_weights
 from launcher.config.engine import EngineName
 from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.engines import engine_spec
-from launcher.memory.shape import STATE_PARTS, ModelShape
 from launcher.models import build_model
+from launcher.models.shape import STATE_PARTS, ModelShape
 from tests.harness import build_trainer, make_config
 
 # One engine per checkpoint reader: DCP (ddp and fsdp), DeepSpeed's model states (stage 0) and

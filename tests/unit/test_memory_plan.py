@@ -23,10 +23,9 @@ from launcher.memory.parts import state_parts
 from launcher.memory.peak import PeakMeter
 from launcher.memory.planner import Planner
 from launcher.memory.probe import probe_activations
-from launcher.memory.shape import ModelShape
 from launcher.models import build_model
-from launcher.models.probe import inspect_model
-from launcher.plan import plan_split
+from launcher.models.shape import ModelShape
+from launcher.plan import model_info, plan_split
 from launcher.recompute.measure import measure_activations
 from launcher.recompute.policies import apply_recompute
 from launcher.runners.inprocess import InProcessRunner
@@ -126,7 +125,7 @@ def test_a_1b_config_plans_on_fake_tensors_without_real_memory() -> None:
     )
     reset_peak_rss()  # an earlier, higher peak of this process would hide the one looked for
     rss_before = peak_rss()
-    info = inspect_model(cfg)
+    info = model_info(cfg)
     _, choice = plan_split(cfg, info, InProcessRunner())
     grown = peak_rss() - rss_before
     assert info.parameters > 1_000_000_000
@@ -175,7 +174,7 @@ def test_deepspeed_buckets_come_from_its_config() -> None:
 
 def planner(**sections: dict[str, Any]) -> Planner:
     cfg = config(**sections)
-    info = inspect_model(cfg)
+    info = model_info(cfg)
     assert info.blocks is not None
     return Planner(cfg, ModelShape(info.parameters, info.block_parameters, len(info.blocks), 0))
 

@@ -20,8 +20,8 @@ from launcher.memory.auto import choose, resolved
 from launcher.memory.budget import Budget
 from launcher.memory.parts import host_parts, state_parts
 from launcher.memory.planner import Planner
-from launcher.memory.shape import ModelShape
-from launcher.models.probe import inspect_model
+from launcher.models.shape import ModelShape
+from launcher.plan import model_info
 from launcher.prepare import check_environment
 
 P, BLOCK, N_BLOCKS = 1_000_000, 200_000, 4
@@ -182,7 +182,7 @@ def offload_planner(**engine: Any) -> Planner:
         batch={"global_size": 16, "micro_size": "auto"},
         train={"device": "cuda"},
     )
-    info = inspect_model(cfg)
+    info = model_info(cfg)
     assert info.blocks is not None
     big = ModelShape(10**8, info.block_parameters, len(info.blocks), 0)  # state dominates
     return Planner(cfg, big)

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from launcher import host
 from launcher.config.ac import AcPolicy
 from launcher.config.load import to_root_config
-from launcher.memory import probe, probe_cache
+from launcher.memory import probe
 
 
 def config(**model: Any) -> Any:
@@ -20,7 +21,7 @@ def config(**model: Any) -> Any:
 
 @pytest.fixture
 def probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[AcPolicy]]:
-    monkeypatch.setenv(probe_cache.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(host.CACHE_ENV, str(tmp_path))
     calls: list[list[AcPolicy]] = []
     real = probe._probe
 
@@ -55,6 +56,6 @@ def test_a_damaged_entry_is_probed_again(tmp_path: Path, probes: list[list[AcPol
 
 
 def test_an_unwritable_cache_only_costs_a_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(probe_cache.CACHE_ENV, "/proc/launcher-cache")
+    monkeypatch.setenv(host.CACHE_ENV, "/proc/launcher-cache")
     lines = probe.probe_activations(config(), [AcPolicy.none])
     assert lines[AcPolicy.none].peak(2) > 0

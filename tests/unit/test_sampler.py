@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.config.batch import resolve_batch
 from launcher.data.sampler import GlobalBatchSampler
-from launcher.training.batch import resolve_batch
 
 SPLITS = [(1, None, 1), (1, 4, None), (2, 2, None), (4, 1, None), (2, None, 4), (8, None, None)]
 

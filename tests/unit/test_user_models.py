@@ -16,7 +16,7 @@ from launcher.config.overrides import check_overrides
 from launcher.engines.fsdp import shard_units
 from launcher.errors import ConfigError
 from launcher.models import GPT, build_model, find_blocks, require_blocks
-from launcher.models.probe import inspect_model
+from launcher.plan import model_info
 from launcher.recompute.policies import apply_recompute
 from launcher.tracking.flops import model_flops_per_token
 from launcher.training.loss import (
@@ -137,15 +137,15 @@ def test_batch_norm_classifier_warned_under_accumulation() -> None:
 
 
 def test_plan_checks_refuse_bad_models() -> None:
-    info = inspect_model(to_root_config(user_cfg(d_model=16)))
+    info = model_info(to_root_config(user_cfg(d_model=16)))
     assert info.parameters == sum(p.numel() for p in TinyLM(d_model=16, seq_len=24).parameters())
     assert info.blocks is not None and info.vocab == 256
     with pytest.raises(ConfigError, match="returned dict, not logits"):
-        inspect_model(to_root_config(user_cfg(f"{FIX}.NotLogits")))
+        model_info(to_root_config(user_cfg(f"{FIX}.NotLogits")))
     with pytest.raises(ConfigError, match="logits have 100 entries, but the data has target id"):
-        inspect_model(to_root_config(user_cfg(vocab_size=100)))
+        model_info(to_root_config(user_cfg(vocab_size=100)))
     with pytest.raises(ConfigError, match=r"model.blocks: ac=full"):
-        inspect_model(to_root_config({**user_cfg(f"{FIX}.NoBlocks"), "ac": {"policy": "full"}}))
+        model_info(to_root_config({**user_cfg(f"{FIX}.NoBlocks"), "ac": {"policy": "full"}}))
 
 
 def test_flops_counted_on_the_model_built() -> None:
