@@ -1,7 +1,9 @@
 """Where an export is written: a temporary sibling of the output directory, renamed into place
 when complete, so an interrupted export never leaves a half-written directory under the name
 asked for, and never destroys what was there. Only a real directory is ever replaced (with
-export.overwrite=true); a symlink, a device or a file given as --output is refused.
+export.overwrite=true), keeping its permission bits; a symlink, a device or a file given as
+--output is refused. (The rule for user-named files is launcher/userpath.py; a directory output
+has its own here, with the same hidden `.NAME.partial-` naming and nothing else touched.)
 
 The hidden siblings, what a killed export leaves of them and the lock that keeps two exports to
 one output apart are launcher/export/siblings.py."""
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import stat
 from pathlib import Path
 
 from launcher.errors import ConfigError
@@ -24,6 +27,7 @@ from launcher.export.siblings import (
     sibling,
 )
 from launcher.logs import get_logger
+from launcher.userpath import new_file_mode
 
 log = get_logger("export")
 
@@ -137,6 +141,7 @@ def commit(tmp: Path, path: Path, overwrite: bool, run_dir: Path) -> None:
             finish_partial(path)
             return
         old = sibling(path, OLD)  # absent: check_output refuses one that exists
+        tmp.chmod(stat.S_IMODE(path.stat().st_mode))  # a private (0700) export stays private
         path.rename(old)
         tmp.rename(path)
         finish_partial(path)
@@ -152,8 +157,7 @@ def commit(tmp: Path, path: Path, overwrite: bool, run_dir: Path) -> None:
 def _usual_modes(directory: Path) -> None:
     """Files as any other file the user creates (0666 less the umask): safetensors writes its
     files 0600, which other users of a shared model directory could not read."""
-    umask = os.umask(0)
-    os.umask(umask)
+    mode = new_file_mode()
     for path in directory.iterdir():
         if path.is_file() and not path.is_symlink():
-            path.chmod(0o666 & ~umask)
+            path.chmod(mode)

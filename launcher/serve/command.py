@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -80,14 +79,15 @@ def generate_main(argv: list[str]) -> int:
         from launcher.serve.generate import build_engine, generate, prompt_limit, to_requests
         from launcher.serve.load import find_checkpoint, load_run
         from launcher.serve.prompts import read_prompts
+        from launcher.userpath import check_output_file
 
         apply_overrides(ServeConfig(), line.overrides, "generate")  # keys and types, early
         find_checkpoint(run_arg)  # a missing run is named before the prompts are read
         lines = read_prompts(prompts_arg)
         if line.output == "-":
             line.output = None  # `-`: stdout
-        if line.output:
-            _check_output(Path(line.output).expanduser())  # before the model loads
+        if line.output:  # before the model loads
+            check_output_file(Path(line.output).expanduser(), "--output")
         threads = apply_thread_rule()
         run = load_run(run_arg, _device("cpu"))
         serve, device_name = apply_overrides(run.cfg.serve, line.overrides, "generate")
@@ -109,85 +109,14 @@ def generate_main(argv: list[str]) -> int:
     return 0
 
 
-def _replaceable(path: Path) -> bool:
-    """True for a regular file or a new path: written as FILE.partial and renamed over it. A
-    character device (/dev/null), a FIFO, a socket or /dev/stdout is written in place: renaming
-    over one would replace a device node with a file (as root, for every process on the machine).
-    A path under /dev or /proc (/dev/stdout, /dev/fd/1, /proc/self/fd/1) is an open descriptor's
-    name, written in place even when it leads to a regular file: the shell's `> out.txt` holds
-    that file open, and a rename would leave the shell writing to the unlinked old one.
-    """
-    spelled = Path(os.path.abspath(path))
-    if spelled.parts[1:2] in (("dev",), ("proc",)):
-        return False
-    try:
-        return stat.S_ISREG(path.stat().st_mode)  # follows links: /dev/stdout -> the fd's node
-    except FileNotFoundError:
-        return not path.is_symlink()  # a dangling link is not ours to replace
-    except OSError:
-        return False
-
-
-def _descriptor(path: Path) -> int | None:
-    """The descriptor a path such as /dev/stdout or /dev/fd/3 names, or None."""
-    spelled = os.path.abspath(path)
-    named = {"/dev/stdout": 1, "/dev/stderr": 2}
-    if spelled in named:
-        return named[spelled]
-    for folder in ("/dev/fd/", "/proc/self/fd/"):
-        number = spelled.removeprefix(folder)
-        if number != spelled and number.isdigit():
-            return int(number)
-    return None
-
-
-def _check_output(path: Path) -> None:
-    descriptor = _descriptor(path)
-    if descriptor is not None:
-        try:
-            os.fstat(descriptor)
-        except OSError:
-            raise ConfigError(
-                "--output",
-                f"{path} names descriptor {descriptor}, which is not open.",
-                "give a file path, or - for stdout.",
-            ) from None
-        return
-    if path.is_dir():
-        raise ConfigError("--output", f"{path} is a directory.", "give a file path.")
-    if path.exists() and not _replaceable(path):
-        if not os.access(path, os.W_OK):
-            raise ConfigError("--output", f"{path} is not writable.", "give a writable path.")
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(
-            "--output", f"cannot create {path.parent} ({exc.strerror}).", "give a writable path."
-        ) from None
-    if not os.access(path.parent, os.W_OK):
-        raise ConfigError("--output", f"{path.parent} is not writable.", "give a writable path.")
-
-
 def _generate_to_file(engine: Any, requests: Any, path: Path, generate: Any) -> None:
-    """A regular file: into FILE.partial, renamed to FILE when every request is answered (an
-    interrupted run never leaves a truncated FILE, nor destroys the one that was there); through
-    a link, the file it names is replaced and the link kept. Anything else is written in place."""
-    descriptor = _descriptor(path)
-    if descriptor is not None:  # the open file itself, at its offset: opening it anew truncates
-        sys.stdout.flush()
-        with open(os.dup(descriptor), "w", encoding="utf-8") as out:
-            generate(engine, requests, out)
-        return
-    if not _replaceable(path):
-        with open(path, "w", encoding="utf-8") as out:
-            generate(engine, requests, out)
-        return
-    target = Path(os.path.realpath(path))
-    partial = target.with_name(target.name + ".partial")
-    with open(partial, "w", encoding="utf-8") as out:
+    """--output FILE by launcher/userpath.py's rule: a regular file (or a link's file) replaced
+    when every request is answered, with its permission bits; a FIFO, a device or a descriptor's
+    name written in place."""
+    from launcher.userpath import open_output
+
+    with open_output(path, "--output") as out:
         generate(engine, requests, out)
-    os.replace(partial, target)
 
 
 def serve_main(argv: list[str]) -> int:

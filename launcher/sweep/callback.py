@@ -8,6 +8,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from launcher.errors import LauncherError
 from launcher.logs import get_logger, setup_logging
 from launcher.sweep.compare import DEFAULT_STEPS, DEFAULT_TOLERANCE, Check
 
@@ -27,7 +28,13 @@ class SweepSummaryCallback(Callback):
         setup_logging(0)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
-            result = write_summary(sweep_dir, self.check)
+            result = write_summary(sweep_dir, self.check, key="hydra.sweep.dir")
+        except LauncherError as exc:  # e.g. a summary file's name taken by a directory
+            log.error(
+                f"could not write the sweep summary: {exc} Then run `launch sweep-summary "
+                f"{sweep_dir}`."
+            )
+            return
         except Exception as exc:  # the points' results are safe; never fail the sweep at its end
             log.error(
                 f"could not write the sweep summary: {type(exc).__name__}: {exc}. "

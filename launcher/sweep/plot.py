@@ -3,8 +3,7 @@ far each one is from its reference (the self-check, on a log scale)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # no pyplot: no global state, no display needed (Agg)
@@ -116,10 +115,11 @@ def _relative(ax: Axes, point: Point, reference: Point, **style: Any) -> None:
     ax.plot(steps, rel, **style)
 
 
-def plot_summary(summary: SweepSummary, path: Path) -> None:
+def plot_summary(summary: SweepSummary, out: IO[bytes]) -> None:
+    """The figure as PNG into `out`."""
     fig = Figure(figsize=(12.0, 8.0), dpi=80, layout="constrained")
     (speed, memory), (loss, diff) = fig.subplots(2, 2)
     _speed_and_memory(summary, speed, memory)
     _curves(summary, loss, diff)
     fig.suptitle(summary.headline(), fontsize=9)
-    fig.savefig(path)
+    fig.savefig(out, format="png")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from launcher.sweep.job import sweep_name
 
@@ -15,12 +14,12 @@ if TYPE_CHECKING:
 NOTE_WIDTH = 100
 
 
-def write_csv(rows: list[dict[str, Any]], columns: Sequence[str], path: Path) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as out:
-        writer = csv.DictWriter(out, fieldnames=list(columns))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+def write_csv(rows: list[dict[str, Any]], columns: Sequence[str], out: IO[str]) -> None:
+    """The table into `out` (opened with newline="")."""
+    writer = csv.DictWriter(out, fieldnames=list(columns))
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
 
 
 def _mib(n: Any) -> str:

@@ -39,6 +39,7 @@ def _prompts(path: Path, records: list[dict[str, object]]) -> Path:
 def test_outputs_in_input_order_whatever_the_slots(run: Path, tmp_path: Path) -> None:
     prompts = _prompts(tmp_path / "p.jsonl", PROMPTS)
     out = tmp_path / "out" / "o.jsonl"
+    out.parent.mkdir()
     proc = run_launch(["generate", str(run), str(prompts), "--output", str(out), "serve.slots=3"])
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [{k: v for k, v in x.items() if k != "completion"} for x in lines] == PROMPTS
@@ -46,7 +47,7 @@ def test_outputs_in_input_order_whatever_the_slots(run: Path, tmp_path: Path) ->
     assert len(lines[2]["completion"]) <= 1 and "z" not in lines[3]["completion"]
     assert "tokens/s" in proc.stderr and "time to first token" in proc.stderr
     assert "generated 5/5" in proc.stderr
-    assert sorted(p.name for p in out.parent.iterdir()) == ["o.jsonl"]  # FILE.partial renamed
+    assert sorted(p.name for p in out.parent.iterdir()) == ["o.jsonl"]  # the temporary renamed
     # One slot (each request alone), from the checkpoint directory, to stdout: the same.
     step = sorted((run / "checkpoints").iterdir())[-1]
     alone = run_launch(["generate", str(step), str(prompts), "serve.slots=1"])
@@ -79,7 +80,7 @@ def test_bad_inputs_are_one_line_each(
         ([str(run), str(good), "--outptu", "x"], "--outptu"),
         ([str(run)], "PROMPTS.jsonl"),
         ([str(run), str(good), "--output", str(tmp_path)], "is a directory"),
-        ([str(run), str(good), "--output", "/proc/launcher/x.jsonl"], "cannot create"),
+        ([str(run), str(good), "--output", "/proc/launcher/x.jsonl"], "does not exist"),
     ]
     capfd.readouterr()
     for args, words in cases:
