@@ -74,9 +74,7 @@ def test_the_same_samples_in_the_same_steps_for_every_split(
     sampler = MixtureSampler(ds, global_size, seed=1)
     split = resolve_batch(global_size, micro, accum, dp)
     for step in (0, 7, 55):
-        taken = [
-            i for r in range(dp) for mb in sampler.micro_batches(step, split, r) for i in mb
-        ]
+        taken = [i for r in range(dp) for mb in sampler.micro_batches(step, split, r) for i in mb]
         assert taken == MixtureSampler(ds, global_size, seed=1).global_batch(step)
 
 
