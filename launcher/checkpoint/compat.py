@@ -9,6 +9,7 @@ from typing import Any
 
 from launcher.config.data import DataConfig
 from launcher.config.root import RootConfig
+from launcher.config.sources import expand, names_many
 from launcher.engines import (
     checkpoint_formats_note,
     engine_spec,
@@ -21,6 +22,9 @@ from launcher.logs import get_logger
 log = get_logger("checkpoint")
 
 STEPS_KEY = "train.steps"
+ORDER_KEY = "data.order"
+LEGACY_ORDER = "randperm"
+"""The sample order of checkpoints written before the order was recorded in the fingerprint."""
 
 
 def fingerprint(cfg: RootConfig) -> dict[str, Any]:
@@ -47,6 +51,8 @@ def fingerprint(cfg: RootConfig) -> dict[str, Any]:
         **optim,
         STEPS_KEY: cfg.train.steps,
         **({} if _local(d.path) else {"data.path": d.path}),
+        ORDER_KEY: d.order.value,
+        **({"data.sources": sources_fingerprint(d)} if d.sources else {}),
         "data.min_len": d.min_len,
         "data.max_len": d.max_len,
         "data.alphabet": d.alphabet,
@@ -74,11 +80,28 @@ def data_fingerprint(d: DataConfig) -> dict[str, Any]:
     return {f"data.{k}": v for k, v in plain.items()}
 
 
-def _local(value: str | None) -> bool:
+def sources_fingerprint(d: DataConfig) -> list[dict[str, Any]]:
+    """A mixture's sources as they set its samples: names, weights, fields, and paths that are not
+    local files (local ones are judged by their content: launcher/integrity/data.py)."""
+    out = []
+    for s in d.sources:
+        entry: dict[str, Any] = {"name": s.name, "weight": s.weight}
+        entry["dtype"] = (s.dtype or d.dtype).value
+        entry["text_field"] = s.text_field or d.text_field
+        if not _local(s.path):
+            entry["path"] = s.path
+        out.append(entry)
+    return out
+
+
+def _local(value: Any) -> bool:
     """A file or directory on this machine: judged by its content, whose size and digest the
     checkpoint's data identity records (launcher/integrity/data.py), not by its path, so a
     byte-for-byte copy elsewhere (a job's scratch directory) resumes. A dataset name is compared
-    as it is."""
+    as it is. A list or glob: local when every file it names is."""
+    if names_many(value):
+        files = expand(value)
+        return bool(files) and all(f.exists() for f in files)
     return bool(value) and Path(str(value)).expanduser().exists()
 
 
@@ -89,7 +112,10 @@ def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path, warn: bo
     new length, so the learning rate follows the new cosine from here on, with a warning (unless
     `warn` is false: it was given already).
     """
-    saved, now = meta.get("fingerprint", {}), fingerprint(cfg)
+    saved, now = dict(meta.get("fingerprint", {})), fingerprint(cfg)
+    if saved and ORDER_KEY not in saved:
+        check_legacy_order(cfg, path)
+        saved[ORDER_KEY] = LEGACY_ORDER
     changed = [k for k in now if k in saved and saved[k] != now[k]]
     if STEPS_KEY in changed:
         changed.remove(STEPS_KEY)
@@ -101,7 +127,12 @@ def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path, warn: bo
             )
     if changed:
         diffs = ", ".join(f"{k}={saved[k]} in the checkpoint, {now[k]} now" for k in changed)
-        restore = " ".join(f"{k}={saved[k]}" for k in changed)
+        restore = " ".join(
+            "data.sources as in the checkpoint's run (its config.yaml)"
+            if k == "data.sources"
+            else f"{k}={saved[k]}"
+            for k in changed
+        )
         raise ConfigError(
             changed,
             f"changed since checkpoint {path} was saved ({diffs}); a resumed run must keep the "
@@ -110,6 +141,20 @@ def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path, warn: bo
             "the checkpoints with train.resume=never checkpoint.overwrite=true.",
         )
     check_engine_format(meta, cfg, path)
+
+
+def check_legacy_order(cfg: RootConfig, path: Path) -> None:
+    """A checkpoint written before the sample order was recorded trained on randperm's order; it
+    resumes with that order only (data.order=randperm), bitwise as before."""
+    if cfg.data.order.value != LEGACY_ORDER:
+        raise ConfigError(
+            ORDER_KEY,
+            f"checkpoint {path} was written before the sample order was recorded, so with the "
+            f"randperm order; data.order={cfg.data.order.value} would train on other samples "
+            "from here on.",
+            f"resume with {ORDER_KEY}={LEGACY_ORDER} (the same samples as before, bitwise), or "
+            "start a new run elsewhere (hydra.run.dir=...).",
+        )
 
 
 def check_engine_format(meta: dict[str, Any], cfg: RootConfig, path: Path) -> None:

@@ -7,6 +7,7 @@ from enum import Enum
 from typing import Any
 
 from launcher.config.checks import require_positive
+from launcher.config.sources import check_sources, names_many, path_list
 from launcher.errors import ConfigError
 
 
@@ -22,6 +23,27 @@ class DataKind(str, Enum):
 class TokenDtype(str, Enum):
     uint16 = "uint16"
     uint32 = "uint32"
+
+
+class DataOrder(str, Enum):
+    feistel = "feistel"
+    randperm = "randperm"
+
+
+@dataclass
+class SourceConfig:
+    """One source of a `data.sources` mixture: its own files, mixed in by weight."""
+
+    name: str = ""
+    """Names the source's metrics (tokens/NAME) and its entries in the data identity."""
+    weight: float = 0.0
+    """Its share of every global batch's samples (the weights are normalised to sum to 1)."""
+    path: Any = None
+    """Its files: one path, a glob or a list (as data.path)."""
+    dtype: TokenDtype | None = None
+    """tokens: this source's dtype (default data.dtype)."""
+    text_field: str | None = None
+    """hf: this source's document field (default data.text_field)."""
 
 
 NEEDS_PATH = {
@@ -40,10 +62,18 @@ class DataConfig:
     name: DataKind = DataKind.reverse
     """reverse | text | jsonl | tokens (flat binary token file) | hf (datasets + tokenizer) |
     custom."""
-    path: str | None = None
-    """The training data (text, jsonl, tokens, hf; ignored by reverse and custom)."""
-    val_path: str | None = None
-    """tokens, hf, text: held-out data for the validation loss (eval.every), same format as path."""
+    path: Any = None
+    """The training data (text, jsonl, tokens, hf; ignored by reverse and custom). tokens: also a
+    list or a glob of shards, one corpus (data.path='shards/*.bin', data.path=[a.bin,b.bin])."""
+    sources: list[SourceConfig] = field(default_factory=list)
+    """tokens, hf: a weighted mixture instead of data.path, e.g.
+    [{name:web,path:web/*.bin,weight:0.75},{name:code,path:code.bin,weight:0.25}]."""
+    order: DataOrder = DataOrder.feistel
+    """The sample order: feistel (computed, O(1) memory) or randperm (the order of runs before
+    orders were recorded, torch.randperm per epoch: kept to resume their checkpoints)."""
+    val_path: Any = None
+    """tokens, hf, text: held-out data for the validation loss (eval.every), same format as path
+    (tokens: a list or glob too)."""
     dtype: TokenDtype = TokenDtype.uint16
     """tokens: uint16 (vocabularies up to 65,536, nanoGPT's format) or uint32."""
     tokenizer: str | None = None
@@ -89,12 +119,8 @@ class DataConfig:
             raise ConfigError(
                 ["data.min_len", "data.max_len"], "max_len is below min_len.", "raise data.max_len."
             )
-        if self.name in NEEDS_PATH and not self.path:
-            raise ConfigError(
-                "data.path",
-                f"data={self.name.value} needs a file.",
-                f"add data.path=/path/to/file ({NEEDS_PATH[self.name]}).",
-            )
+        check_sources(self.name.value, self.sources, self.path, self.holdout)
+        self._check_paths()
         if self.name == DataKind.hf and not self.tokenizer:
             raise ConfigError(
                 "data.tokenizer",
@@ -124,3 +150,30 @@ class DataConfig:
                 "data.alphabet",
                 "must be ASCII characters other than '|' and '.'.",
             )
+
+    def _check_paths(self) -> None:
+        if self.sources:
+            if self.order != DataOrder.feistel:
+                raise ConfigError(
+                    "data.order",
+                    "a data.sources mixture draws each source's order with data.order=feistel.",
+                    "drop data.order=randperm.",
+                )
+        elif self.name in NEEDS_PATH and not self.path:
+            raise ConfigError(
+                "data.path",
+                f"data={self.name.value} needs a file.",
+                f"add data.path=/path/to/file ({NEEDS_PATH[self.name]}).",
+            )
+        for key, value in (("data.path", self.path), ("data.val_path", self.val_path)):
+            if value is None:
+                continue
+            path_list(key, value)
+            if names_many(value) and self.name != DataKind.tokens:
+                raise ConfigError(
+                    key,
+                    f"a list or glob of files is a data=tokens corpus; data={self.name.value} "
+                    "reads one file.",
+                    "give one file, or mix several with data.sources=[{name:a,path:a.jsonl,"
+                    "weight:0.5},...] (data=hf).",
+                )

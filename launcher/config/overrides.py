@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from omegaconf import (
     FloatNode,
     IntegerNode,
     ListConfig,
+    OmegaConf,
     StringNode,
 )
 from omegaconf.errors import OmegaConfBaseException
@@ -135,7 +137,11 @@ def check_value(key: Key, value: Any) -> None:
             StringNode(value, is_optional=key.optional)
         elif getattr(tp, "__origin__", None) is list:
             (element,) = getattr(tp, "__args__", (Any,))
-            ListConfig(value, element_type=element, is_optional=key.optional)
+            if is_dataclass(element) and isinstance(value, list):  # data.sources=[{...},...]
+                for item in value:
+                    OmegaConf.merge(OmegaConf.structured(element), item)
+            else:
+                ListConfig(value, element_type=element, is_optional=key.optional)
         elif getattr(tp, "__origin__", None) is dict:
             DictConfig(value, is_optional=key.optional)
     except (OmegaConfBaseException, ValueError, TypeError):

@@ -11,12 +11,14 @@ from torch import nn
 
 from launcher.config.data import DataConfig, DataKind
 from launcher.config.root import RootConfig
+from launcher.config.sources import absolute
 from launcher.data.custom import CustomDataset
 from launcher.data.files import JsonlDataset, TextDataset
 from launcher.data.heldout import hold_out, problems_as_samples
+from launcher.data.mixture import MixtureDataset
 from launcher.data.reverse import ReverseDataset
 from launcher.data.sequence import TokenDataset
-from launcher.data.tokens import check_vocab, token_file
+from launcher.data.shards import token_corpus
 
 
 @dataclass
@@ -32,6 +34,8 @@ def _train_source(cfg: DataConfig, seq_len: int, seed: int, vocab: int | None) -
     if cfg.name == DataKind.custom:
         assert cfg._target_ is not None  # DataConfig checks this
         return CustomDataset(cfg._target_, cfg.args)
+    if cfg.sources:
+        return _mixture(cfg, seq_len, vocab)
     assert cfg.path is not None  # DataConfig checks this
     if cfg.name == DataKind.text:
         return TextDataset(Path(cfg.path), seq_len)
@@ -41,18 +45,30 @@ def _train_source(cfg: DataConfig, seq_len: int, seed: int, vocab: int | None) -
 
 
 def _file_source(
-    key: str, path: str, cfg: DataConfig, seq_len: int, vocab: int | None
+    key: str, path: Any, cfg: DataConfig, seq_len: int, vocab: int | None
 ) -> TokenDataset:
     if cfg.name == DataKind.tokens:
-        ds = token_file(key, path, cfg.dtype.value, seq_len)
-        if vocab is not None:
-            check_vocab(key, Path(path), cfg.dtype.value, vocab)
-        return ds
+        return token_corpus(key, path, cfg.dtype.value, seq_len, vocab)
     if cfg.name == DataKind.text:
         return TextDataset(Path(path), seq_len)
     from launcher.data.hf import hf_dataset  # the hf extra, only when data=hf
 
     return hf_dataset(key, path, cfg, seq_len, vocab)[0]
+
+
+def _mixture(cfg: DataConfig, seq_len: int, vocab: int | None) -> MixtureDataset:
+    """data.sources: each source's data, built as data.path would be with its own fields."""
+    datasets = []
+    for i, source in enumerate(cfg.sources):
+        own = replace(
+            cfg,
+            sources=[],
+            path=source.path,
+            dtype=source.dtype or cfg.dtype,
+            text_field=source.text_field or cfg.text_field,
+        )
+        datasets.append(_file_source(f"data.sources[{i}].path", source.path, own, seq_len, vocab))
+    return MixtureDataset([s.name for s in cfg.sources], [s.weight for s in cfg.sources], datasets)
 
 
 def build_datasets(
@@ -92,11 +108,13 @@ def vocab_of(model: nn.Module) -> int | None:
 
 
 def absolute_paths(cfg: DataConfig) -> DataConfig:
-    """data.path, val_path, tokenizer and cache_dir made absolute (the ranks may run elsewhere)."""
+    """data.path, val_path, tokenizer, cache_dir and the sources' paths made absolute (the ranks
+    may run elsewhere; a glob keeps its pattern, under an absolute directory)."""
     keys = ("path", "val_path", "tokenizer", "cache_dir")
     found = {k: getattr(cfg, k) for k in keys if getattr(cfg, k)}
-    absolute: dict[str, Any] = {k: str(Path(v).expanduser().resolve()) for k, v in found.items()}
-    return replace(cfg, **absolute)
+    made: dict[str, Any] = {k: absolute(v) for k, v in found.items()}
+    sources = [replace(s, path=absolute(s.path)) for s in cfg.sources]
+    return replace(cfg, **made, sources=sources)
 
 
 def prepare_data(cfg: RootConfig) -> RootConfig:

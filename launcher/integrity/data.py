@@ -1,14 +1,18 @@
-"""The identity of the data a run reads: for each local source (data.path, data.val_path, the
-tokenizer's files) its size and content digest, recorded in every checkpoint and compared when a
-run resumes. Entries are named by config key (and the file's name inside a directory), not by
-absolute path: data moved elsewhere with the same content resumes; changed content does not."""
+"""The identity of the data a run reads: for each local file (data.path and each of its shards,
+data.val_path, every data.sources source's files, the tokenizer's files) its size and content
+digest, recorded in every checkpoint and compared when a run resumes. Entries are named by config
+key (and the file's name inside a directory or below a list's or glob's common directory), not by
+absolute path: data moved elsewhere with the same content resumes; changed content does not (nor
+a shard gone or added)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from launcher.config.data import DataConfig
+from launcher.config.sources import expand, names_many
 from launcher.errors import ConfigError
 from launcher.integrity.digests import cached_digests
 from launcher.logs import get_logger
@@ -18,12 +22,31 @@ ALLOW_KEY = "checkpoint.allow_data_change"
 log = get_logger("checkpoint")
 
 
+def _shards(key: str, value: Any) -> dict[str, Path]:
+    """A list or glob of files: one entry each, named by its path below the files' common
+    directory (data.path/train-00000.bin)."""
+    files = [f for f in expand(value) if f.is_file()]
+    if not files:
+        return {}
+    common = Path(os.path.commonpath([str(f.resolve().parent) for f in files]))
+    return {f"{key}/{f.resolve().relative_to(common)}": f for f in files}
+
+
 def source_files(cfg: DataConfig) -> dict[str, Path]:
-    """{entry name: file} for every local file the data section reads."""
-    named = {"data.path": cfg.path, "data.val_path": cfg.val_path, "data.tokenizer": cfg.tokenizer}
+    """{entry name: file} for every local file the data section reads: one file by its key, each
+    file of a directory, of a list or glob, and of every data.sources source (data.sources.NAME)."""
+    named: dict[str, Any] = {
+        "data.path": cfg.path,
+        "data.val_path": cfg.val_path,
+        "data.tokenizer": cfg.tokenizer,
+    }
+    named.update({f"data.sources.{s.name}": s.path for s in cfg.sources})
     found: dict[str, Path] = {}
     for key, value in named.items():
         if not value:
+            continue
+        if names_many(value):
+            found.update(_shards(key, value))
             continue
         path = Path(value).expanduser()
         if path.is_file():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 METRIC_KEYS = (
@@ -26,7 +26,10 @@ METRIC_KEYS = (
     "skipped",
     "val_loss",
 )
-"""Every metrics.jsonl line carries these keys (null where not applicable); see docs/tracking.md."""
+"""Every metrics.jsonl line carries these keys (null where not applicable); see docs/tracking.md.
+A data.sources mixture adds tokens/NAME per source (its valid target tokens of the step)."""
+
+SOURCE_PREFIX = "tokens/"
 
 
 def finite(x: float | None) -> float | None:
@@ -57,6 +60,8 @@ class StepMetrics:
     comm_wait_s: float = 0.0
     val_loss: float | None = None
     """The validation loss measured after this step (eval.every); None on other steps."""
+    source_tokens: dict[str, int] | None = None
+    """A data.sources mixture: the step's valid target tokens per source name."""
 
     @property
     def skipped(self) -> bool:
@@ -95,6 +100,8 @@ class StepMetrics:
             "skipped": self.skipped,
             "val_loss": self.val_loss,
         }
+        for name, count in (self.source_tokens or {}).items():
+            values[SOURCE_PREFIX + name] = count
         return clean(values)
 
 
@@ -112,6 +119,8 @@ class RunTotals:
     rank_tokens_min: int | None = None
     rank_tokens_max: int | None = None
     final_val_loss: float | None = None
+    source_tokens: dict[str, int] = field(default_factory=dict)
+    """A data.sources mixture: valid target tokens per source name, over the run."""
 
     def add(self, m: StepMetrics, positions: int) -> None:
         self.steps += 1
@@ -124,6 +133,8 @@ class RunTotals:
             self.final_loss = m.loss
         if m.val_loss is not None:
             self.final_val_loss = m.val_loss
+        for name, count in (m.source_tokens or {}).items():
+            self.source_tokens[name] = self.source_tokens.get(name, 0) + count
         low, high = self.rank_tokens_min, self.rank_tokens_max
         self.rank_tokens_min = m.rank_tokens_min if low is None else min(low, m.rank_tokens_min)
         self.rank_tokens_max = m.rank_tokens_max if high is None else max(high, m.rank_tokens_max)

@@ -70,6 +70,9 @@ class RunSummary:
     compile_s: float | None = None
     """Seconds this process spent compiling (train.compile: the first compiled step's forward
     and backward, and any recompilation, e.g. for validation); None when not compiled."""
+    mixture: dict[str, Any] | None = None
+    """A data.sources mixture: per source name its asked weight, valid target tokens, realised
+    fraction of the mixture's tokens and samples (launcher/data/mixture.py)."""
 
     @property
     def exit_status(self) -> int:
@@ -112,7 +115,10 @@ class RunSummary:
             "rank_tokens_max": self.rank_tokens_max,
             "wandb_run_id": self.wandb_run_id,
         }
-        return clean(values)
+        values = clean(values)
+        if self.mixture is not None:
+            values["mixture"] = self.mixture
+        return values
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,16 @@ on its own (at the end and before a checkpoint, so metrics.jsonl is complete up 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from launcher.config.root import RootConfig
-from launcher.data.sampler import GlobalBatchSampler
-from launcher.data.sequence import TokenDataset, collate
+from launcher.data.mixture import MixtureDataset
+from launcher.data.sampler import sampler_for
+from launcher.data.sequence import IGNORE_INDEX, TokenDataset, collate
 from launcher.distributed import DistContext
 from launcher.engines.base import Engine
 from launcher.logs import get_logger
@@ -85,7 +88,11 @@ class Trainer:
         self.callbacks = list(callbacks)
         self.loss_fn = loss_fn
         self.split = cfg.split()
-        self.sampler = GlobalBatchSampler(len(dataset), self.split.global_size, cfg.train.seed)
+        self.sampler = sampler_for(
+            dataset, self.split.global_size, cfg.train.seed, cfg.data.order.value
+        )
+        self.mixture = dataset if isinstance(dataset, MixtureDataset) else None
+        """A data.sources mixture: its valid tokens per source are counted with each step's."""
         self.positions = self.split.global_size * cfg.model.seq_len
         self.step = 0  # optimizer steps done (the next step's index)
         self.pending: StepResult | None = None
@@ -103,9 +110,18 @@ class Trainer:
         self.step, self.pending = step, None
         self.tracker.totals = totals
 
-    def _micro_batches(self, step: int) -> list[Batch]:
-        batches = self.sampler.micro_batches(step, self.split, self.ctx.rank)
-        return [collate([self.dataset[i] for i in indices]) for indices in batches]
+    def _micro_batches(self, step: int) -> tuple[list[Batch], tuple[int, ...]]:
+        """This rank's micro-batches of step `step`, and (a mixture) their valid tokens per
+        source."""
+        indices = self.sampler.micro_batches(step, self.split, self.ctx.rank)
+        batches = [collate([self.dataset[i] for i in chunk]) for chunk in indices]
+        if self.mixture is None:
+            return batches, ()
+        per_source = np.zeros(len(self.mixture.names), dtype=np.int64)
+        for chunk, (_, targets) in zip(indices, batches, strict=True):
+            valid = (targets != IGNORE_INDEX).sum(dim=1).numpy()
+            np.add.at(per_source, self.mixture.source_of(chunk), valid)
+        return batches, tuple(int(v) for v in per_source)
 
     def probe_batch(self) -> Batch:
         """This rank's first micro-batch of step 0 (for activation measurements)."""
@@ -132,7 +148,7 @@ class Trainer:
             ]
         carried = carry.loss_sum if carry is not None and carry.global_loss_sum is None else None
         with clock.section("comm"):
-            counts = self.counts(sum(work.valid), stop, carried, device)
+            counts = self.counts(sum(work.valid), stop, carried, device, work.per_source)
         lr, rng = engine.lr, _rng_state(device)
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         scale: torch.Tensor | float | None = None
@@ -197,7 +213,13 @@ class Trainer:
     def _log(self, result: StepResult) -> None:
         """Record a finished step; a NaN or infinite loss stops the run here (LossNotFinite),
         before any checkpoint of a later state: every save flushes the step in flight first."""
-        self.tracker.log_step(check_finite(result.metrics(), self.tracker.run_dir))
+        metrics = result.metrics()
+        if self.mixture is not None and result.tokens.per_source:
+            names = self.mixture.names
+            metrics = replace(
+                metrics, source_tokens=dict(zip(names, result.tokens.per_source, strict=True))
+            )
+        self.tracker.log_step(check_finite(metrics, self.tracker.run_dir))
 
     def train(self, stop: StopRequest | None = None) -> bool:
         """Train up to train.steps; False when the ranks agreed to stop early (a stop signal)."""

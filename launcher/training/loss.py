@@ -55,6 +55,8 @@ class StepTokens:
     """Target positions in the global batch (global_size x seq_len)."""
     stop: bool = False
     """Some rank was asked to stop (a signal): every rank stops before this step."""
+    per_source: tuple[int, ...] = ()
+    """A data.sources mixture: the global batch's valid tokens per source (summed over ranks)."""
 
     @property
     def total(self) -> int:
@@ -105,16 +107,24 @@ class StepCounts:
     """
 
     def __init__(
-        self, local_valid: int, stop: bool, carry: torch.Tensor | None, device: torch.device
+        self,
+        local_valid: int,
+        stop: bool,
+        carry: torch.Tensor | None,
+        device: torch.device,
+        per_source: tuple[int, ...] = (),
     ) -> None:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.local = (local_valid, stop, carry)
+        self.per_source = per_source
         self.vector: torch.Tensor | None = None
         self._work: Any = None
         if self.world == 1:
             return
-        vector = torch.zeros(self.world + 2, dtype=torch.float64, device=device)
+        vector = torch.zeros(self.world + 2 + len(per_source), dtype=torch.float64, device=device)
         vector[dist.get_rank()] = local_valid
+        if per_source:  # a mixture's tokens per source ride along, summed
+            vector[self.world + 2 :] = torch.tensor(per_source, dtype=torch.float64)
         vector[self.world] = float(stop)
         if carry is not None:
             vector[self.world + 1] = carry
@@ -140,10 +150,12 @@ class StepCounts:
         """Host wait: the counts, the agreed stop, and the global loss sum carried along."""
         if self.vector is None:
             valid, stop, carry = self.local
-            return StepTokens((valid,), positions, stop), carry
+            return StepTokens((valid,), positions, stop, self.per_source), carry
         values = self._arrived().tolist()
         counts = tuple(int(c) for c in values[: self.world])
-        return StepTokens(counts, positions, values[self.world] > 0), values[self.world + 1]
+        sources = tuple(int(c) for c in values[self.world + 2 :])
+        tokens = StepTokens(counts, positions, values[self.world] > 0, sources)
+        return tokens, values[self.world + 1]
 
 
 def all_reduce_token_counts(

@@ -28,12 +28,18 @@ class StepBatches:
     """(inputs, targets) per micro-batch, on the CPU (pinned for a GPU)."""
     valid: list[int]
     """Valid target tokens per micro-batch."""
+    per_source: tuple[int, ...] = ()
+    """A data.sources mixture: this rank's valid target tokens of the step per source."""
 
 
 class Prefetcher:
-    """`get(k)` returns step k's batches and starts building step k+1 in the background."""
+    """`get(k)` returns step k's batches and starts building step k+1 in the background.
 
-    def __init__(self, build: Callable[[int], list[Batch]], pin: bool) -> None:
+    build(k): step k's micro-batches and (a mixture) their valid tokens per source."""
+
+    def __init__(
+        self, build: Callable[[int], tuple[list[Batch], tuple[int, ...]]], pin: bool
+    ) -> None:
         self._build, self._pin = build, pin
         self._lock = threading.Lock()  # the sampler caches its permutation: one caller at a time
         self._pool: ThreadPoolExecutor | None = None
@@ -42,10 +48,10 @@ class Prefetcher:
     def build(self, step: int) -> StepBatches:
         """Step `step`'s batches, built in the calling thread."""
         with self._lock:
-            batches = self._build(step)
+            batches, per_source = self._build(step)
         if self._pin:
             batches = [(i.pin_memory(), t.pin_memory()) for i, t in batches]
-        return StepBatches(step, batches, [valid_tokens(t) for _, t in batches])
+        return StepBatches(step, batches, [valid_tokens(t) for _, t in batches], per_source)
 
     def get(self, step: int, prefetch_next: bool = True) -> StepBatches:
         ahead, self._next = self._next, None

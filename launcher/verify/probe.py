@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from launcher.config.root import RootConfig
-from launcher.data.sampler import GlobalBatchSampler
+from launcher.data.sampler import sampler_for
 from launcher.data.sequence import collate
 from launcher.models.output import LogitsForward, logits_of
 from launcher.training.loss import valid_tokens
@@ -66,7 +66,7 @@ def gather_evidence(reference: RootConfig, split: RootConfig) -> ModelEvidence:
     )
     data = build_data(reference, model).train
     shape = split.split()
-    sampler = GlobalBatchSampler(len(data), shape.global_size, reference.train.seed)
+    sampler = sampler_for(data, shape.global_size, reference.train.seed, reference.data.order.value)
     for rank in range(shape.dp):
         micro = sampler.micro_batches(0, shape, rank)
         evidence.micro_valid.append([valid_tokens(collate([data[i] for i in m])[1]) for m in micro])

@@ -16,6 +16,7 @@ from launcher.checkpoint.checkpointer import Checkpointer
 from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
 from launcher.data.build import Datasets, build_datasets, vocab_of
+from launcher.data.mixture import MixtureDataset
 from launcher.distributed import (
     DistContext,
     check_world_size,
@@ -179,7 +180,15 @@ def train_rank(
         activations=activations,
         planned_peak=planned,
     )
-    summary = dataclasses.replace(summary, final_val_loss=tracker.totals.final_val_loss)
+    summary = dataclasses.replace(
+        summary,
+        final_val_loss=tracker.totals.final_val_loss,
+        mixture=(
+            dataset.report(tracker.totals.source_tokens)
+            if isinstance(dataset, MixtureDataset)
+            else None
+        ),
+    )
     tracker.finish(summary)
     if ctx.is_main:
         acc = f", eval exact-match {accuracy:.3f}" if accuracy is not None else ""
