@@ -178,3 +178,15 @@ def test_packing_values_from_the_command_line() -> None:
         assert to_root_config({"data": {**base, "packing": given}}).data.packing == expected
     tuned = to_root_config({"data": {**base, "messages_field": "m", "packing": "concat"}}).data
     assert tuned.document_masks and not DataConfig(**base, messages_field="m").document_masks  # type: ignore[arg-type]
+
+
+def test_the_fingerprint_holds_the_layout_and_the_conversation_keys() -> None:
+    from launcher.checkpoint.compat import fingerprint
+    from launcher.data.packing import PLACEMENT
+
+    base = {"name": "hf", "path": "x", "tokenizer": "t", "messages_field": "m"}
+    packed = fingerprint(to_root_config({"data": {**base, "packing": True}}))
+    assert packed["data.packing_layout"] == PLACEMENT and packed["data.train_on"] == "assistant"
+    every = fingerprint(to_root_config({"data": {**base, "packing": True, "train_on": "all"}}))
+    assert every["data.train_on"] == "all"
+    assert "data.packing_layout" not in fingerprint(to_root_config({"data": base}))
