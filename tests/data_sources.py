@@ -45,13 +45,30 @@ def write_tokens(
     return path
 
 
-def train_tokenizer(directory: Path, vocab_size: int = 120) -> Path:
-    """A small BPE tokenizer trained on a few KB of text, saved as a directory."""
+CHAT_SPECIAL = ("<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""ChatML, rendered turn by turn (assistant spans found by prefix differences)."""
+CHAT_TEMPLATE_MARKED = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}"
+    "{% generation %}{{ m['content'] }}<|im_end|>\n{% endgeneration %}{% else %}"
+    "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""The same text, the assistant's part marked with {% generation %}."""
+
+
+def train_tokenizer(directory: Path, vocab_size: int = 120, chat: bool = False) -> Path:
+    """A small BPE tokenizer trained on a few KB of text, saved as a directory (chat: with
+    ChatML's special tokens)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "</s>"])
+    special = ["<unk>", "</s>", *(CHAT_SPECIAL if chat else ())]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special)
     tok.train_from_iterator(sentences(400), trainer)
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
@@ -65,6 +82,23 @@ def write_pairs(path: Path, n: int, seed: int = 0) -> Path:
         lines.append(
             json.dumps({"prompt": text + " :", "completion": " ".join(text.split()[::-1])})
         )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_conversations(path: Path, n: int, seed: int = 0) -> Path:
+    """{"messages": [...]} JSON Lines: a system turn on some, then 1-3 user/assistant rounds (the
+    assistant repeats the user's words in reverse), so records differ in length."""
+    rng = np.random.default_rng(seed)
+    texts = iter(sentences(4 * n, seed))
+    lines = []
+    for i in range(n):
+        messages = [{"role": "system", "content": "reverse"}] if i % 3 == 0 else []
+        for _ in range(int(rng.integers(1, 4))):
+            said = next(texts)
+            messages.append({"role": "user", "content": said})
+            messages.append({"role": "assistant", "content": " ".join(said.split()[::-1])})
+        lines.append(json.dumps({"messages": messages}))
     path.write_text("\n".join(lines) + "\n")
     return path
 

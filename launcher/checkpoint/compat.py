@@ -4,12 +4,14 @@ checkpoints; launcher/checkpoint/checkpointer.py loads them)."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
 from launcher.config.data import DataConfig
 from launcher.config.root import RootConfig
 from launcher.config.sources import expand, names_many
+from launcher.data.packing import PLACEMENT
 from launcher.engines import (
     checkpoint_formats_note,
     engine_spec,
@@ -75,8 +77,14 @@ def data_fingerprint(d: DataConfig) -> dict[str, Any]:
         "packing",
     )
     keys += ("split", "eos_token", "holdout", "_target_", "args")
+    keys += ("messages_field", "cross_document_attention")
     plain = {k: getattr(d, k) for k in keys if k != "tokenizer" or not _local(d.tokenizer)}
     plain["dtype"] = d.dtype.value
+    if d.messages_field is not None:
+        plain["train_on"] = d.train_on.value
+        plain["chat_template"] = _template_digest(d.chat_template)
+    if d.packing is True:
+        plain["packing_layout"] = PLACEMENT  # records placed whole: the algorithm's version
     return {f"data.{k}": v for k, v in plain.items()}
 
 
@@ -92,6 +100,13 @@ def sources_fingerprint(d: DataConfig) -> list[dict[str, Any]]:
             entry["path"] = s.path
         out.append(entry)
     return out
+
+
+def _template_digest(value: str | None) -> str | None:
+    """A chat template file by its content (a copy elsewhere resumes), a template's text as is."""
+    if value is not None and _local(value) and Path(value).expanduser().is_file():
+        return "sha256:" + hashlib.sha256(Path(value).expanduser().read_bytes()).hexdigest()
+    return value
 
 
 def _local(value: Any) -> bool:

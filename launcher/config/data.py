@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.config.checks import require_positive
 from launcher.config.sources import check_sources, names_many, path_list
@@ -46,6 +46,18 @@ class SourceConfig:
     """hf: this source's document field (default data.text_field)."""
 
 
+class TrainOn(str, Enum):
+    assistant = "assistant"
+    all = "all"
+
+
+CONCAT = "concat"
+"""data.packing=concat: records concatenated and cut into windows."""
+if TYPE_CHECKING:
+    Packing = bool | str
+else:  # OmegaConf 2.3 has no unions: an open node, checked in DataConfig.__post_init__
+    Packing = Any
+
 NEEDS_PATH = {
     DataKind.text: "a UTF-8 text file",
     DataKind.jsonl: "a JSON Lines file",
@@ -85,8 +97,24 @@ class DataConfig:
     completion_field."""
     completion_field: str | None = None
     """hf fine-tuning: the completion field (the tokens that are trained on)."""
-    packing: bool = False
-    """hf fine-tuning: pack pairs into full windows (true) or pad one pair per sequence (false)."""
+    messages_field: str | None = None
+    """hf fine-tuning on conversations: the field holding each record's list of
+    {"role", "content"} messages, rendered with the chat template (docs/data.md)."""
+    chat_template: str | None = None
+    """hf conversations: a Jinja chat template (its text, or a file holding it); default the
+    tokenizer's own (tokenizer_config.json's chat_template, or chat_template.jinja)."""
+    train_on: TrainOn = TrainOn.assistant
+    """hf conversations: assistant (each assistant turn and its end-of-turn marker are targets,
+    the rest -100) | all (every token after the first)."""
+    packing: Packing = False
+    """hf: false (fine-tuning: one record per padded sequence; pretraining: documents
+    concatenated and cut) | true (records placed whole into windows of seq_len, best-fit
+    decreasing, each with its own positions and attention) | concat (records concatenated and
+    cut into full windows)."""
+    cross_document_attention: bool = False
+    """hf, concatenated windows (pretraining, data.packing=concat): true lets a token attend to
+    the earlier documents of its window with positions running on (the behaviour before
+    document masks); false (default) gives each document its own positions and attention."""
     split: str = "train"
     """hf: the split of a saved DatasetDict (or of a dataset directory) to read."""
     eos_token: str | None = None
@@ -110,6 +138,7 @@ class DataConfig:
     """Held-out problems scored by exact match at the end (reverse, jsonl)."""
 
     def __post_init__(self) -> None:
+        self.packing = _packing(self.packing)
         require_positive("data.min_len", self.min_len)
         require_positive("data.max_len", self.max_len)
         require_positive("data.eval_problems", self.eval_problems)
@@ -145,6 +174,7 @@ class DataConfig:
             raise ConfigError(
                 key, f"only applies to data=custom (data is {self.name.value}).", "add data=custom."
             )
+        self._check_records()
         if not self.alphabet or any(ord(c) > 127 or c in "|." for c in self.alphabet):
             raise ConfigError(
                 "data.alphabet",
@@ -177,3 +207,73 @@ class DataConfig:
                     "give one file, or mix several with data.sources=[{name:a,path:a.jsonl,"
                     "weight:0.5},...] (data=hf).",
                 )
+
+    @property
+    def tuning(self) -> bool:
+        """Fine-tuning records (prompt/completion pairs or conversations), not documents."""
+        return self.prompt_field is not None or self.messages_field is not None
+
+    @property
+    def document_masks(self) -> bool:
+        """Sequences hold several documents, each with its own positions and attention."""
+        if self.name != DataKind.hf:
+            return False
+        if self.packing is True:
+            return True
+        concat = self.packing == CONCAT or not self.tuning
+        return concat and not self.cross_document_attention
+
+    def _check_records(self) -> None:
+        """Conversations, packing and their switches: data=hf only, and consistent."""
+        hf_only = {
+            "data.messages_field": self.messages_field is not None,
+            "data.chat_template": self.chat_template is not None,
+            "data.packing": self.packing is not False,
+            "data.cross_document_attention": self.cross_document_attention,
+        }
+        for key, given in hf_only.items():
+            if given and self.name != DataKind.hf:
+                raise ConfigError(
+                    key,
+                    f"only applies to data=hf (data is {self.name.value}).",
+                    f"add data=hf, or drop {key}.",
+                )
+        if self.messages_field is not None and self.prompt_field is not None:
+            raise ConfigError(
+                ["data.messages_field", "data.prompt_field"],
+                "a record is either a conversation or a prompt/completion pair.",
+                "drop data.prompt_field and data.completion_field, or data.messages_field.",
+            )
+        if self.messages_field is None:
+            for key, wrong in (
+                ("data.chat_template", self.chat_template is not None),
+                ("data.train_on", self.train_on != TrainOn.assistant),
+            ):
+                if wrong:
+                    raise ConfigError(
+                        key,
+                        "only applies to conversations.",
+                        "add data.messages_field=messages (the conversations' field), "
+                        f"or drop {key}.",
+                    )
+        if self.cross_document_attention and self.tuning and self.packing != CONCAT:
+            raise ConfigError(
+                "data.cross_document_attention",
+                "only applies to concatenated windows (pretraining, or data.packing=concat).",
+                "add data.packing=concat, or drop data.cross_document_attention.",
+            )
+
+
+def _packing(value: Any) -> bool | str:
+    """data.packing as False, True or "concat" (the command line may give a string)."""
+    text = str(value).strip().lower()
+    if isinstance(value, bool) or text in ("true", "false"):
+        return text == "true"
+    if text == CONCAT:
+        return CONCAT
+    raise ConfigError(
+        "data.packing",
+        f"unknown value {value!r}.",
+        "use data.packing=false (one record per sequence), true (whole records packed, each "
+        "with its own attention) or concat (concatenated and cut).",
+    )

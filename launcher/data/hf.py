@@ -1,13 +1,15 @@
 """data=hf: a local dataset (parquet, json/jsonl, arrow, csv, or a saved dataset directory) read
 with `datasets`, tokenized once with a local tokenizer and cached on disk as flat token files.
 
-Pretraining (data.text_field): documents, each followed by EOS, concatenated and cut into windows
-of seq_len + 1 (launcher/data/tokens.py). Fine-tuning (data.prompt_field, data.completion_field):
-prompt + completion + EOS per record, prompt tokens never targets (-100); one record per padded
-sequence, or records packed into full windows with data.packing=true.
+Pretraining (data.text_field): documents, each followed by EOS. Fine-tuning (data.prompt_field,
+data.completion_field): prompt + completion + EOS per record, prompt tokens never targets (-100);
+conversations (data.messages_field): rendered with the chat template (launcher/data/chat.py).
+How records become sequences (padded, packed whole, concatenated; each document's own positions
+and attention) is launcher/data/packed.py's.
 
 The cache key covers the data files' identity (path, size, modification time), the tokenizer's
-files and the fields and EOS; not seq_len or packing, which only change how windows are cut. One
+files, the fields, the chat template and EOS; not seq_len or packing, which only change how
+windows are cut (a packed layout is computed once per seq_len beside the cache). One
 process tokenizes under a file lock while the others wait on it (in-process, torchrun, SLURM on a
 shared file system); the result is renamed into place whole, so a reader never sees half of it.
 """
@@ -19,23 +21,23 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from launcher.config.data import DataConfig
-from launcher.data.records import PaddedRecords
+from launcher.data.packed import open_layout
 from launcher.data.sequence import TokenDataset
 from launcher.data.tokenizer import LocalTokenizer, load_tokenizer, require
-from launcher.data.tokens import PackedTokens
 from launcher.errors import DataError, VocabTooSmall
 from launcher.logs import get_logger
 
 log = get_logger("data")
 
-FORMAT = 1
-"""Bumped when the cache layout changes."""
+FORMAT = 2
+"""Bumped when the cache layout changes (2: offsets.npy for every cache, documents too)."""
 BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow"}
 BUILDERS[".csv"] = "csv"
 SAVED_MARKS = ("dataset_info.json", "state.json", "dataset_dict.json")
@@ -53,6 +55,8 @@ def data_identity(path: Path) -> list[tuple[str, int, int]]:
 
 
 def fields(cfg: DataConfig) -> dict[str, str]:
+    if cfg.messages_field is not None:
+        return {"data.messages_field": cfg.messages_field}
     if cfg.prompt_field is not None and cfg.completion_field is not None:
         return {
             "data.prompt_field": cfg.prompt_field,
@@ -118,29 +122,49 @@ def _texts(batch: dict[str, list[Any]], name: str, key: str, path: Path, first: 
     return values
 
 
+def _encode_fields(
+    batch: dict[str, list[Any]], first: int, tok: LocalTokenizer, cfg: DataConfig, path: Path
+) -> list[tuple[list[int], list[int]]]:
+    """Documents (text + EOS, all targets) or pairs (prompt masked, completion + EOS)."""
+    cols = [tok.encode(_texts(batch, name, key, path, first)) for key, name in fields(cfg).items()]
+    encoded = []
+    for parts in zip(*cols, strict=True):
+        ids = [t for part in parts for t in part] + [tok.eos_id]
+        encoded.append((ids, [0] * len(parts[0]) + [1] * (len(ids) - len(parts[0]))))
+    return encoded
+
+
+def encoded_records(
+    ds: Any, tok: LocalTokenizer, cfg: DataConfig, path: Path
+) -> Iterator[tuple[list[int], list[int]]]:
+    """Each record's token ids and target mask, in order."""
+    if cfg.messages_field is not None:
+        from launcher.data.chat import ConversationEncoder
+
+        conversations = ConversationEncoder(tok, cfg, path)
+    for first in range(0, len(ds), BATCH):
+        batch = ds[first : first + BATCH]
+        if cfg.messages_field is not None:
+            yield from conversations(batch, first)
+        else:
+            yield from _encode_fields(batch, first, tok, cfg, path)
+
+
 def tokenize_to(out: Path, ds: Any, tok: LocalTokenizer, cfg: DataConfig, path: Path) -> None:
-    """Write tokens.bin (uint32), and for fine-tuning mask.bin (1 = a target) and offsets.npy."""
-    named = fields(cfg)
-    tuning = "data.prompt_field" in named
+    """Write tokens.bin (uint32), offsets.npy (each record's first token), and for fine-tuning
+    mask.bin (1 = a target)."""
+    tuning = cfg.tuning
     offsets, n, top = [0], 0, -1
     with open(out / "tokens.bin", "wb") as tokens, open(out / "mask.bin", "wb") as mask:
-        for first in range(0, len(ds), BATCH):
-            batch = ds[first : first + BATCH]
-            cols = [
-                tok.encode(_texts(batch, name, key, path, first)) for key, name in named.items()
-            ]
-            for parts in zip(*cols, strict=True):
-                ids = [t for part in parts for t in part] + [tok.eos_id]
-                trained = [0] * len(parts[0]) + [1] * (len(ids) - len(parts[0]))
-                tokens.write(np.asarray(ids, dtype=np.uint32).tobytes())
-                if tuning:
-                    mask.write(np.asarray(trained, dtype=np.uint8).tobytes())
-                n += len(ids)
-                top = max(top, *ids)
-                offsets.append(n)
-    if tuning:
-        np.save(out / "offsets.npy", np.asarray(offsets, dtype=np.int64))
-    else:
+        for ids, trained in encoded_records(ds, tok, cfg, path):
+            tokens.write(np.asarray(ids, dtype=np.uint32).tobytes())
+            if tuning:
+                mask.write(np.asarray(trained, dtype=np.uint8).tobytes())
+            n += len(ids)
+            top = max(top, *ids) if ids else top
+            offsets.append(n)
+    np.save(out / "offsets.npy", np.asarray(offsets, dtype=np.int64))
+    if not tuning:
         (out / "mask.bin").unlink()
     meta = {"format": FORMAT, "tokens": n, "records": len(offsets) - 1, "max_id": top}
     meta |= {"eos_id": tok.eos_id, "vocab_size": tok.vocab_size, "tuning": tuning}
@@ -155,6 +179,10 @@ def prepare(key: str, path_text: str, cfg: DataConfig) -> tuple[Path, bool]:
     tok = load_tokenizer(cfg.tokenizer or "", cfg.eos_token)
     ident = {"format": FORMAT, "data": data_identity(path), "tokenizer": tok.identity()}
     ident |= {"fields": fields(cfg), "split": cfg.split, "eos": tok.eos_id}
+    if cfg.messages_field is not None:
+        from launcher.data.chat import chat_identity
+
+        ident["chat"] = chat_identity(cfg, tok)
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
     root = cache_root(cfg)
     root.mkdir(parents=True, exist_ok=True)
@@ -189,13 +217,9 @@ def open_cached(
             "use the model's own tokenizer.",
         )
     tokens = np.memmap(directory / "tokens.bin", dtype=np.uint32, mode="r")
-    if not meta["tuning"]:
-        return PackedTokens(tokens, seq_len, pad_id=meta["eos_id"])
-    mask = np.memmap(directory / "mask.bin", dtype=np.uint8, mode="r")
-    if cfg.packing:
-        return PackedTokens(tokens, seq_len, mask, pad_id=meta["eos_id"])
+    mask = np.memmap(directory / "mask.bin", dtype=np.uint8, mode="r") if meta["tuning"] else None
     offsets = np.load(directory / "offsets.npy")
-    return PaddedRecords(tokens, mask, offsets, seq_len, pad_id=meta["eos_id"])
+    return open_layout(directory, cfg, seq_len, tokens, mask, offsets, meta["eos_id"])
 
 
 def hf_dataset(

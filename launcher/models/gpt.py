@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from launcher.config.model import ModelConfig
+from launcher.models.documents import block_causal_mask
 
 
 class KVCache:
@@ -80,16 +81,19 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, kv: CacheView | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, kv: CacheView | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        dropout = self.dropout if self.training else 0.0
         if kv is not None:
             y = kv.attend(q, k, v)
+        elif mask is not None:  # packed documents: block-causal
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
         else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-            )
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
         y = y.transpose(1, 2).contiguous().view(b, t, c)
         return self.resid_dropout(self.proj(y))
 
@@ -116,17 +120,22 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, kv: CacheView | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv)
+    def forward(
+        self, x: torch.Tensor, kv: CacheView | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv, mask)
         return x + self.mlp(self.ln_2(x))
 
 
-BlockRunner = Callable[[nn.ModuleList, torch.Tensor], torch.Tensor]
+BlockRunner = Callable[..., torch.Tensor]
+"""(blocks, x) -> x; (blocks, x, mask) for packed documents (mask: block_causal_mask's)."""
 
 
-def run_in_order(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+def run_in_order(
+    blocks: nn.ModuleList, x: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     for block in blocks:
-        x = block(x)
+        x = block(x) if mask is None else block(x, mask=mask)
     return x
 
 
@@ -162,17 +171,23 @@ class GPT(nn.Module):
         cache: KVCache | None = None,
         slots: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Token ids (batch, time) -> logits (batch, time, vocab).
 
         With a cache (generation): row i is cache slot slots[i], its tokens sit at
-        positions[i]; earlier tokens of each row are read from the cache, these are added."""
+        positions[i]; earlier tokens of each row are read from the cache, these are added.
+        position_ids (training on packed documents, launcher/models/documents.py): each token's
+        position in its own document; attention is block-causal within each document."""
         if cache is not None:
             assert slots is not None and positions is not None
             span = int(positions.max()) + 1
             return self._forward_cached(idx, CacheView(cache, slots, positions, span))
-        t = idx.shape[1]
-        pos = torch.arange(t, device=idx.device)
+        if position_ids is not None:
+            x = self.drop(self.tok_emb(idx) + self.pos_emb(position_ids))
+            x = self.run_blocks(self.blocks, x, block_causal_mask(position_ids))
+            return self.head(self.ln_f(x))
+        pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         x = self.run_blocks(self.blocks, x)
         return self.head(self.ln_f(x))

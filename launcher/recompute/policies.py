@@ -32,9 +32,11 @@ from launcher.recompute.wrap import describe_modes, wrap_blocks
 log = get_logger("recompute")
 
 
-def _run_range(blocks: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
+def _run_range(
+    blocks: Sequence[nn.Module], x: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     for block in blocks:
-        x = block(x)
+        x = block(x) if mask is None else block(x, mask=mask)
     return x
 
 
@@ -55,7 +57,10 @@ class RecomputeRunner:
         self.offload = offload
         self._selective = functools.partial(selective_contexts, keep_narrowing=dropout)
 
-    def __call__(self, blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, blocks: nn.ModuleList, x: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Run the blocks; mask: packed documents' block-causal mask, passed to every block."""
         if self.segments and self.segments[-1].stop != len(blocks):
             raise ValueError(
                 f"the recompute plan covers {self.segments[-1].stop} blocks, the model has "
@@ -63,17 +68,18 @@ class RecomputeRunner:
             )
         with self._offload_context(x):
             for seg in self.segments:
-                run: Callable[[torch.Tensor], torch.Tensor] = functools.partial(
+                run: Callable[..., torch.Tensor] = functools.partial(
                     _run_range, [blocks[i] for i in range(seg.start, seg.stop)]
                 )
                 if seg.mode == SegmentMode.keep or not torch.is_grad_enabled():
-                    x = run(x)
+                    x = run(x, mask)
                 elif seg.mode == SegmentMode.full:
-                    x = checkpoint(run, x, use_reentrant=False, preserve_rng_state=True)
+                    x = checkpoint(run, x, mask, use_reentrant=False, preserve_rng_state=True)
                 else:
                     x = checkpoint(
                         run,
                         x,
+                        mask,
                         use_reentrant=False,
                         preserve_rng_state=True,
                         context_fn=self._selective,
@@ -102,7 +108,7 @@ class HasBlocks(Protocol):
     """What a policy needs from a model: its block list and the function that runs it."""
 
     blocks: nn.ModuleList
-    run_blocks: Callable[[nn.ModuleList, torch.Tensor], torch.Tensor]
+    run_blocks: Callable[..., torch.Tensor]
 
 
 def build_runner(cfg: AcConfig, blocks: nn.ModuleList) -> RecomputeRunner:

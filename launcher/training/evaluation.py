@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.config.root import RootConfig
-from launcher.data.sequence import IGNORE_INDEX, Sample, TokenDataset, collate
+from launcher.data.sequence import IGNORE_INDEX, Batch, Sample, TokenDataset, collate_batch
 from launcher.distributed import DistContext
 from launcher.engines.base import Engine
 from launcher.logs import get_logger
@@ -60,15 +60,14 @@ class Evaluator:
             log.info(f"step {step}: val_loss {value if value is None else f'{value:.4f}'}")
         return value
 
-    def _batch(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch(self, indices: list[int]) -> Batch:
         if indices:
             samples = [self.val[i] for i in indices]
         else:  # this rank has run out: a forward that counts nothing
             first = self.val[0]
-            samples = [Sample(first.input_ids, torch.full_like(first.targets, IGNORE_INDEX))]
-        inputs, targets = collate(samples)
-        device = self.ctx.device
-        return inputs.to(device), targets.to(device)
+            masked = torch.full_like(first.targets, IGNORE_INDEX)
+            samples = [Sample(first.input_ids, masked, first.position_ids)]
+        return collate_batch(samples).to(self.ctx.device)
 
     @torch.no_grad()
     def measure(self) -> float | None:
@@ -81,9 +80,9 @@ class Evaluator:
         totals = torch.zeros(2, dtype=torch.float64, device=device)
         try:
             for indices in self.chunks:
-                inputs, targets = self._batch(indices)
+                inputs, targets, positions = self._batch(indices)
                 with self.engine.autocast():
-                    logits = model(inputs)
+                    logits = model(inputs, **Batch(inputs, targets, positions).model_kwargs())
                 logits = getattr(logits, "logits", logits)
                 totals[0] += token_loss_sum(logits, targets).double()
                 totals[1] += (targets != IGNORE_INDEX).sum()

@@ -30,7 +30,7 @@ import torch
 from launcher.config.root import RootConfig
 from launcher.data.mixture import MixtureDataset
 from launcher.data.sampler import sampler_for
-from launcher.data.sequence import IGNORE_INDEX, TokenDataset, collate
+from launcher.data.sequence import IGNORE_INDEX, TokenDataset, collate_batch
 from launcher.distributed import DistContext
 from launcher.engines.base import Engine
 from launcher.logs import get_logger
@@ -114,19 +114,18 @@ class Trainer:
         """This rank's micro-batches of step `step`, and (a mixture) their valid tokens per
         source."""
         indices = self.sampler.micro_batches(step, self.split, self.ctx.rank)
-        batches = [collate([self.dataset[i] for i in chunk]) for chunk in indices]
+        batches = [collate_batch([self.dataset[i] for i in chunk]) for chunk in indices]
         if self.mixture is None:
             return batches, ()
         per_source = np.zeros(len(self.mixture.names), dtype=np.int64)
-        for chunk, (_, targets) in zip(indices, batches, strict=True):
-            valid = (targets != IGNORE_INDEX).sum(dim=1).numpy()
+        for chunk, batch in zip(indices, batches, strict=True):
+            valid = (batch.targets != IGNORE_INDEX).sum(dim=1).numpy()
             np.add.at(per_source, self.mixture.source_of(chunk), valid)
         return batches, tuple(int(v) for v in per_source)
 
     def probe_batch(self) -> Batch:
         """This rank's first micro-batch of step 0 (for activation measurements)."""
-        inputs, targets = self.batches.build(0).batches[0]
-        return inputs.to(self.ctx.device), targets.to(self.ctx.device)
+        return self.batches.build(0).batches[0].to(self.ctx.device)
 
     def train_step(
         self, step: int, stop: bool = False, carry: StepResult | None = None
@@ -142,21 +141,18 @@ class Trainer:
         clock = StepClock()
         with clock.section("data"):
             work = self.batches.get(step, prefetch_next=step + 1 < self.cfg.train.steps)
-            batches = [
-                (i.to(device, non_blocking=True), t.to(device, non_blocking=True))
-                for i, t in work.batches
-            ]
+            batches = [b.to(device, non_blocking=True) for b in work.batches]
         carried = carry.loss_sum if carry is not None and carry.global_loss_sum is None else None
         with clock.section("comm"):
             counts = self.counts(sum(work.valid), stop, carried, device, work.per_source)
         lr, rng = engine.lr, _rng_state(device)
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         scale: torch.Tensor | float | None = None
-        for m, (inputs, targets) in enumerate(batches):
+        for m, batch in enumerate(batches):
             with engine.accumulation_context(sync=m == len(batches) - 1):
                 with engine.autocast():
-                    logits = engine.model(inputs)
-                micro_sum = token_loss_sum(logits, targets)
+                    logits = engine.model(batch.inputs, **batch.model_kwargs())
+                micro_sum = token_loss_sum(logits, batch.targets)
                 if scale is None:  # the first forward ran while the counts were in flight
                     with clock.section("comm"):
                         scale = counts.scale(engine.grad_divisor)

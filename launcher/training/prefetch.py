@@ -14,18 +14,17 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-import torch
-
+from launcher.data.sequence import Batch
 from launcher.training.loss import valid_tokens
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+__all__ = ["Batch", "Prefetcher", "StepBatches"]
 
 
 @dataclass(frozen=True)
 class StepBatches:
     step: int
     batches: list[Batch]
-    """(inputs, targets) per micro-batch, on the CPU (pinned for a GPU)."""
+    """(inputs, targets, position_ids) per micro-batch, on the CPU (pinned for a GPU)."""
     valid: list[int]
     """Valid target tokens per micro-batch."""
     per_source: tuple[int, ...] = ()
@@ -50,8 +49,8 @@ class Prefetcher:
         with self._lock:
             batches, per_source = self._build(step)
         if self._pin:
-            batches = [(i.pin_memory(), t.pin_memory()) for i, t in batches]
-        return StepBatches(step, batches, [valid_tokens(t) for _, t in batches], per_source)
+            batches = [b.pin_memory() for b in batches]
+        return StepBatches(step, batches, [valid_tokens(b.targets) for b in batches], per_source)
 
     def get(self, step: int, prefetch_next: bool = True) -> StepBatches:
         ahead, self._next = self._next, None

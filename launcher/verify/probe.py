@@ -18,7 +18,7 @@ import torch
 
 from launcher.config.root import RootConfig
 from launcher.data.sampler import sampler_for
-from launcher.data.sequence import collate
+from launcher.data.sequence import Batch, collate, collate_batch
 from launcher.models.output import LogitsForward, logits_of
 from launcher.training.loss import valid_tokens
 from launcher.verify.compare import tensor_gap
@@ -41,10 +41,10 @@ class ModelEvidence:
     positions_per_micro: int = 0
 
 
-def _raw_forward(model: torch.nn.Module, inputs: torch.Tensor) -> Any:
+def _raw_forward(model: torch.nn.Module, batch: Batch) -> Any:
     forward = model.forward
     inner = forward.inner if isinstance(forward, LogitsForward) else forward
-    return inner(inputs)
+    return inner(batch.inputs, **batch.model_kwargs())
 
 
 def _has_own_loss(output: Any) -> bool:
@@ -71,8 +71,8 @@ def gather_evidence(reference: RootConfig, split: RootConfig) -> ModelEvidence:
         micro = sampler.micro_batches(0, shape, rank)
         evidence.micro_valid.append([valid_tokens(collate([data[i] for i in m])[1]) for m in micro])
     evidence.positions_per_micro = shape.micro_size * reference.model.seq_len
-    whole, _ = collate([data[i] for i in sampler.global_batch(0)])
-    first = whole[: shape.micro_size]
+    whole = collate_batch([data[i] for i in sampler.global_batch(0)])
+    first = whole.head(shape.micro_size)
     with torch.no_grad():
         state = torch.get_rng_state()
         alone = _raw_forward(model, first)
@@ -80,7 +80,7 @@ def gather_evidence(reference: RootConfig, split: RootConfig) -> ModelEvidence:
         evidence.own_loss = _has_own_loss(alone)
         together = logits_of(_raw_forward(model, whole))
         alone_logits = logits_of(alone)
-    if alone_logits is not None and together is not None and shape.micro_size < len(whole):
+    if alone_logits is not None and together is not None and shape.micro_size < len(whole[0]):
         evidence.sample_dependence = tensor_gap(
             alone_logits.float(), together[: shape.micro_size].float()
         )

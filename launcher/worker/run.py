@@ -29,6 +29,7 @@ from launcher.logs import get_logger, setup_logging
 from launcher.memory.auto import require_planned
 from launcher.memory.peak import PeakMeter, planned_peak_bytes
 from launcher.models import build_model as construct_model
+from launcher.models.documents import require_position_ids
 from launcher.models.init_from import load_initial_weights
 from launcher.recompute.measure import activation_report
 from launcher.recompute.policies import apply_recompute
@@ -110,6 +111,8 @@ def train_rank(
     require_planned(cfg)  # batch.micro_size=auto / ac=auto are chosen by the plan, never here
     split = cfg.split()
     model = build_model(cfg)
+    if cfg.data.document_masks:  # before any engine wraps it
+        require_position_ids(model)
     warn_batch_dependent_layers(model, split.micro_size, split.global_size)
     engine = build_engine(cfg, model, ctx)
     seed_rank(cfg, ctx.rank)
@@ -154,7 +157,7 @@ def train_rank(
         raise
     meter.close()  # a resumed run may end inside the window
     peak_memory = peak_memory_bytes(ctx.device, meter)  # before the probe resets CUDA's peak
-    probe_inputs, probe_targets = trainer.probe_batch()
+    probe_inputs, probe_targets, _ = trainer.probe_batch()
     # Measured on a replica, no collectives: rank 0 alone writes summary.json.
     activations = (
         activation_report(cfg, engine.module, probe_inputs, probe_targets) if ctx.is_main else {}
