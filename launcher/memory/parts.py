@@ -26,16 +26,6 @@ from launcher.memory.shape import STATE_PARTS, ModelShape
 PARTS = (*STATE_PARTS, "activations")
 """The parts of the plan, in the order they are shown."""
 
-FIXES = {
-    "parameters": "engine=fsdp or engine=deepspeed engine.zero_stage=3 with a larger parallel.dp",
-    "gradients": "engine.zero_stage=2 or 3 (or engine=fsdp) with a larger parallel.dp",
-    "optimizer_state": "engine.zero_stage=1 or more (or engine=fsdp) with a larger parallel.dp",
-    "precision_copies": "a larger parallel.dp (the master copy is sharded)",
-    "comm_buffers": "smaller buckets (engine.extra.zero_optimization.reduce_bucket_size)",
-    "activations": "a smaller batch.micro_size or a recompute policy (ac=selective, ac=full)",
-}
-"""For an error's message: which keys shrink a part."""
-
 
 def state_parts(cfg: RootConfig, shape: ModelShape) -> dict[str, int]:
     """Every part but the activations on the device, per rank: the engine's
