@@ -57,6 +57,8 @@ class StepMetrics:
     comm_wait_s: float = 0.0
     val_loss: float | None = None
     """The validation loss measured after this step (eval.every); None on other steps."""
+    compile_s: float = 0.0
+    """Of step_time_s, the seconds this step spent compiling (train.compile)."""
 
     @property
     def skipped(self) -> bool:

@@ -123,7 +123,7 @@ class Trainer:
         global_loss_sum is set here.
         """
         device, engine = self.ctx.device, self.engine
-        clock = StepClock()
+        clock = StepClock(self.tracker.compile_clock)
         with clock.section("data"):
             work = self.batches.get(step, prefetch_next=step + 1 < self.cfg.train.steps)
             batches = [
