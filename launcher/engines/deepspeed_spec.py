@@ -159,6 +159,12 @@ class DeepSpeedSpec(EngineSpec):
             for stage in range(cfg.engine.zero_stage + 1, 4)
         ]
 
+    def buffer_advice(self, cfg: RootConfig) -> str | None:
+        if cfg.engine.zero_stage == 0:  # no reduce bucket: the flattened gradients of all-reduce
+            return None
+        size = int(_zero(build_ds_config(cfg), "reduce_bucket_size", cfg.engine.zero_stage))
+        return f"a smaller engine.extra.zero_optimization.reduce_bucket_size (now {size:,})"
+
     def read_weights(
         self, directory: Path, model: nn.Module, cfg: RootConfig
     ) -> dict[str, torch.Tensor]:

@@ -159,6 +159,12 @@ class EngineSpec(ABC):
         del cfg
         return []
 
+    def buffer_advice(self, cfg: RootConfig) -> str | None:
+        """What shrinks the engine's communication buffers, in words, for the budget error when
+        they are the plan's largest part; None when no option of the engine does."""
+        del cfg
+        return None
+
     # The weights of a checkpoint, for the readers (launcher/checkpoint/weights.py).
 
     @abstractmethod

@@ -20,14 +20,12 @@ from launcher.config.batch import divisors
 from launcher.config.root import RootConfig
 from launcher.engines import engine_spec
 from launcher.errors import ConfigError
-from launcher.memory.budget import Budget, over_budget, size
+from launcher.memory.budget import SAFETY_MARGIN, Budget, over_budget, size, usable
 from launcher.memory.parts import MemoryPlan
 from launcher.memory.planner import Planner
 from launcher.models.probe import ModelInfo
 from launcher.models.shape import ModelShape
 
-SAFETY_MARGIN = 0.10
-"""Fraction of the budget an automatic choice leaves free (allocator slack, the framework)."""
 MICRO_BATCH_OVERHEAD = 0.25
 """Step-time model: a micro-batch of one sequence costs this much more per sequence than a large
 one (kernel launches, the per-micro-batch loss and hooks)."""
@@ -78,7 +76,8 @@ def choose(planner: Planner, budget: Budget | None) -> Choice:
         reason = _reason(micro, policy, per_rank, why, auto_micro, auto_ac)
         return Choice(micro, policy, plan, reason, _request(cfg))
     exact = not (auto_micro or auto_ac)
-    target = budget.bytes if exact else int(budget.bytes * (1 - SAFETY_MARGIN))
+    margin = 0.0 if exact else SAFETY_MARGIN
+    target = usable(budget.bytes, margin)
     # Fastest first by the step-time model (known before any probe), so the first candidate that
     # fits is the choice, and the granularities after it are never probed.
     order = sorted(
@@ -100,13 +99,10 @@ def choose(planner: Planner, budget: Budget | None) -> Choice:
             offload = (key, variant) if key else None
             break
     if chosen is None:
-        plan = (
-            planner.plan(micros[0], policies[0])
-            if exact
-            else planner.plan(micros[-1], policies[-1])
-        )
-        note = "" if exact else f" (less the {SAFETY_MARGIN:.0%} margin an automatic choice keeps)"
-        raise over_budget(planner, plan, budget, note)
+        # The request's own engine options, at the candidate closest to fitting.
+        tried = [planner.plan(-neg_micro, policy) for _, neg_micro, policy in order]
+        plan = min(tried, key=lambda p: p.peak)
+        raise over_budget(planner, plan, budget, margin)
     micro, policy, plan = chosen
     why = (
         f"the fastest fit: planned peak {size(plan.peak)} within {size(target)} "

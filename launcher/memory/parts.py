@@ -14,6 +14,7 @@ plan's parts and peak are the device's, host_parts and host_bytes the host's, pe
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,16 +25,6 @@ from launcher.models.shape import STATE_PARTS, ModelShape
 
 PARTS = (*STATE_PARTS, "activations")
 """The parts of the plan, in the order they are shown."""
-
-FIXES = {
-    "parameters": "engine=fsdp or engine=deepspeed engine.zero_stage=3 with a larger parallel.dp",
-    "gradients": "engine.zero_stage=2 or 3 (or engine=fsdp) with a larger parallel.dp",
-    "optimizer_state": "engine.zero_stage=1 or more (or engine=fsdp) with a larger parallel.dp",
-    "precision_copies": "a larger parallel.dp (the master copy is sharded)",
-    "comm_buffers": "smaller buckets (engine.extra.zero_optimization.reduce_bucket_size)",
-    "activations": "a smaller batch.micro_size or a recompute policy (ac=selective, ac=full)",
-}
-"""For an error's message: which keys shrink a part."""
 
 
 def state_parts(cfg: RootConfig, shape: ModelShape) -> dict[str, int]:
@@ -84,12 +75,25 @@ class MemoryPlan:
         }
 
 
+def at_micro_size(cfg: RootConfig, micro_size: int) -> RootConfig:
+    """`cfg` with micro-batches of `micro_size` at the same global batch (batch.grad_accum
+    follows): an engine's parts may depend on the accumulation (FSDP2's unsharded gradients)."""
+    split = cfg.split()
+    if not cfg.batch.auto and split.micro_size == micro_size:
+        return cfg
+    batch = dataclasses.replace(
+        cfg.batch, global_size=split.global_size, micro_size=micro_size, grad_accum=None
+    )
+    return dataclasses.replace(cfg, batch=batch)
+
+
 def plan_memory(
     cfg: RootConfig,
     shape: ModelShape,
     activations: ActivationLine,
     micro_size: int,
 ) -> MemoryPlan:
+    cfg = at_micro_size(cfg, micro_size)
     parts = {**state_parts(cfg, shape), "activations": activations.peak(micro_size)}
     host = host_parts(cfg, shape)
     return MemoryPlan(

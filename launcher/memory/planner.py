@@ -30,8 +30,11 @@ keeps less at its peak, so it comes last as the smallest)."""
 
 
 def with_dp(cfg: RootConfig, dp: int) -> RootConfig:
+    """`cfg` at `dp` ranks and the same global batch (batch.grad_accum derived again: plan it
+    at a micro size that divides the new per-rank batch)."""
     parallel = dataclasses.replace(cfg.parallel, dp=dp, nodes=1)
-    return dataclasses.replace(cfg, parallel=parallel)
+    batch = dataclasses.replace(cfg.batch, global_size=cfg.split().global_size, grad_accum=None)
+    return dataclasses.replace(cfg, parallel=parallel, batch=batch)
 
 
 @dataclass

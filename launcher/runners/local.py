@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from launcher.config.batch import resolve_batch
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.host import local_cpu_count
@@ -25,6 +26,40 @@ def thread_environment(cfg: RootConfig) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(max(1, local_cpu_count() // cfg.parallel.ranks_per_node))}
 
 
+def too_few_gpus(cfg: RootConfig, gpus: int) -> ConfigError:
+    """The refusal of more ranks than this machine has GPUs, with fixes that run as written: the
+    CPU here, a SLURM job with a GPU per rank, or (with some GPUs) the most ranks that fit and
+    still split the global batch."""
+    per_node = cfg.parallel.ranks_per_node
+    elsewhere = (
+        "train on the CPU here with train.device=cpu, or submit the job to GPUs with "
+        f"cluster=slurm cluster.gpus_per_node={per_node}"
+    )
+    if gpus == 0:
+        return ConfigError(
+            ["train.device", "parallel.dp"],
+            "train.device=cuda, but torch sees no GPU on this machine "
+            "(torch.cuda.device_count() is 0).",
+            elsewhere + ".",
+        )
+    fewer = [dp for dp in range(gpus, 0, -1) if _splits(cfg, dp)]
+    here = f"use the {gpus} GPU(s) here with parallel.dp={fewer[0]}, or " if fewer else ""
+    return ConfigError(
+        "parallel.dp",
+        f"{per_node} ranks on this node but only {gpus} GPU(s).",
+        here + elsewhere + ".",
+    )
+
+
+def _splits(cfg: RootConfig, dp: int) -> bool:
+    """Whether the batch keys as given split over `dp` ranks."""
+    try:
+        resolve_batch(cfg.batch.global_size, cfg.batch.micro, cfg.batch.grad_accum, dp)
+    except ConfigError:
+        return False
+    return True
+
+
 class LocalRunner(Runner):
     """A runner whose ranks train on this machine."""
 
@@ -36,11 +71,7 @@ class LocalRunner(Runner):
         if wants_gpu:
             gpus = torch.cuda.device_count()
             if per_node > gpus:
-                raise ConfigError(
-                    "parallel.dp",
-                    f"{per_node} ranks on this node but only {gpus} GPU(s).",
-                    f"set parallel.dp<={gpus}, or run on CPU with train.device=cpu.",
-                )
+                raise too_few_gpus(cfg, gpus)
         elif per_node > local_cpu_count():
             log.warning(
                 f"parallel.dp={per_node} ranks on {local_cpu_count()} CPU core(s): they will share "

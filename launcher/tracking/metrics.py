@@ -62,6 +62,8 @@ class StepMetrics:
     """The validation loss measured after this step (eval.every); None on other steps."""
     source_tokens: dict[str, int] | None = None
     """A data.sources mixture: the step's valid target tokens per source name."""
+    compile_s: float = 0.0
+    """Of step_time_s, the seconds this step spent compiling (train.compile)."""
 
     @property
     def skipped(self) -> bool:

@@ -86,7 +86,8 @@ class Tracker:
         self.compile_clock: Callable[[], float] | None = None
         """Seconds compiled so far, with train.compile (set by the worker)."""
         self.compile_s: float | None = None
-        """Seconds compiled by the first step that compiled (shown on its progress line)."""
+        """Seconds compiled by the first step that compiled, inside that step (shown on its
+        progress line; the loop's StepClock reads compile_clock around each step)."""
         if enabled:
             # Appended: a resumed run continues the same file (after `rewind`).
             self._metrics = open(run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
@@ -117,11 +118,9 @@ class Tracker:
 
     def log_step(self, m: StepMetrics) -> None:
         self.totals.add(m, self.positions_per_step)
-        compiled = None  # on the line of the first step that compiled, once
-        if self.compile_s is None and self.compile_clock is not None:
-            seconds = self.compile_clock()
-            if seconds > 0:
-                self.compile_s = compiled = seconds
+        compiled = None  # on the line of the first step that compiled (paid it), once
+        if self.compile_s is None and m.compile_s > 0:
+            self.compile_s = compiled = m.compile_s
         if not self.enabled:
             return
         assert self._metrics is not None and self.progress is not None

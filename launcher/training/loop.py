@@ -138,7 +138,7 @@ class Trainer:
         global_loss_sum is set here.
         """
         device, engine = self.ctx.device, self.engine
-        clock = StepClock()
+        clock = StepClock(self.tracker.compile_clock)
         with clock.section("data"):
             work = self.batches.get(step, prefetch_next=step + 1 < self.cfg.train.steps)
             batches = [b.to(device, non_blocking=True) for b in work.batches]

@@ -74,6 +74,7 @@ class StepResult:
             data_s=self.times.data_s,
             comm_wait_s=self.times.comm_s,
             val_loss=self.val_loss,
+            compile_s=self.times.compile_s,
         )
 
 

@@ -11,13 +11,16 @@ What is measurable without a profiler: `data`, the time waiting for the step's m
 `comm`, the time blocked in the loop's own collective (the counts all-reduce, which also absorbs
 waiting for the slowest rank, and on a GPU the device catching up) or in the final loss flush.
 Everything else is `compute`, including the engine's gradient reduction, which overlaps backward
-and cannot be separated from it by wall-clock timing.
+and cannot be separated from it by wall-clock timing. With train.compile, `compile_s` is what
+dynamo and inductor spent inside the step (their own clock, read at its start and end): the step
+that paid a compilation carries it, whichever step is logged when (the loop logs step k after
+queueing step k+1).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -27,6 +30,8 @@ class StepTimes:
     total_s: float
     data_s: float
     comm_s: float
+    compile_s: float = 0.0
+    """Of total_s, the seconds spent compiling (train.compile; 0 otherwise)."""
 
     @property
     def compute_s(self) -> float:
@@ -34,9 +39,12 @@ class StepTimes:
 
 
 class StepClock:
-    """Started at the top of a step; `section` brackets data or communication; `stop` reads it."""
+    """Started at the top of a step; `section` brackets data or communication; `stop` reads it.
+    `compiled`: seconds compiled so far in this process (launcher/worker/compile.py), if any."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: Callable[[], float] | None = None) -> None:
+        self.compiled = compiled
+        self.compiled_before = compiled() if compiled is not None else 0.0
         self.start = time.perf_counter()
         self.spent = {"data": 0.0, "comm": 0.0}
 
@@ -51,4 +59,6 @@ class StepClock:
             self.spent[name] += time.perf_counter() - began
 
     def stop(self) -> StepTimes:
-        return StepTimes(time.perf_counter() - self.start, self.spent["data"], self.spent["comm"])
+        total = time.perf_counter() - self.start
+        compiled = self.compiled() - self.compiled_before if self.compiled is not None else 0.0
+        return StepTimes(total, self.spent["data"], self.spent["comm"], compiled)

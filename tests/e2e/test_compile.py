@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAST, read_summary, run_launch
+from tests.helpers import FAST, read_metrics, read_summary, run_launch
 
 pytestmark = pytest.mark.e2e
 
@@ -21,9 +21,14 @@ def test_compiled_run_reports_compile_time_and_resumes_eagerly(tmp_path: Path) -
     proc = run_launch([*TINY, "train.steps=4", "train.compile=true"], run)
     lines = proc.stdout.splitlines()
     assert sum(line.startswith("compile: the 2 blocks") for line in lines) == 1, proc.stdout
-    # The compile time is reported once, on a step's progress line.
+    # The compile time is reported once, on the line of the step that paid it (issue 33: step 2's
+    # line had it, logged after step 3 ran), and it is part of that step's time.
     compile_lines = [line for line in lines if line.startswith("step ") and " compile " in line]
     assert len(compile_lines) == 1, proc.stdout
+    assert compile_lines[0].startswith("step 3/4 "), proc.stdout
+    shown = float(compile_lines[0].split(" compile ")[1].split("s")[0])
+    step3 = next(m for m in read_metrics(run) if m["step"] == 3)
+    assert 0 < shown <= step3["step_time_s"] + 0.05, (shown, step3)
     compiled = read_summary(run)
     assert compiled["compile_s"] > 0
     # The same run directory, eager, two more steps: the compiled checkpoint loads as it is.

@@ -59,3 +59,24 @@ def test_an_impossible_budget_is_refused_before_anything_starts(tmp_path: Path) 
     assert done.returncode == 2
     assert "smallest achievable peak is" in done.stderr and "train.memory_budget" in done.stderr
     assert not (tmp_path / "config.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        # FSDP2 with accumulation keeps every unit's whole unsharded fp32 gradient from the first
+        # micro-batch to the last one's backward (issue 33: planned 17% low when only the shard
+        # was counted).
+        ["engine=fsdp", "ac=full", "batch.grad_accum=2"],
+    ],
+)
+def test_the_plan_is_within_the_documented_error_of_the_measured_peak(
+    split: list[str], tmp_path: Path
+) -> None:
+    """docs/memory.md#accuracy: within 8% on CPU at dp=2 (the benchmark's other points are in
+    benchmarks/RESULTS.md); the ranks are processes of their own, measured by themselves."""
+    args = [*FAST, "train.steps=2", "batch.global_size=8", "checkpoint.enabled=false"]
+    run_launch(["train", *args, "parallel.dp=2", "data.eval_problems=1", *split], tmp_path)
+    summary = read_summary(tmp_path)
+    error = summary["planned_peak_bytes"] / summary["peak_memory_bytes"] - 1
+    assert abs(error) < 0.08, (error, summary["planned_peak_bytes"], summary["peak_memory_bytes"])

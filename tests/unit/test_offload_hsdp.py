@@ -149,6 +149,38 @@ def test_hsdp_shards_the_state_over_dp_over_replicate(dp: int, replicate: int) -
     assert sum(device.values()) == gathered
 
 
+@pytest.mark.parametrize("offload", ["none", "params"])
+def test_fsdp_accumulation_holds_the_whole_unsharded_gradient_on_the_device(offload: str) -> None:
+    """docs/memory.md: with batch.grad_accum > 1 FSDP2 skips the reduce-scatter until the last
+    micro-batch, so the device holds 4p of fp32 gradients, the host (offload) only the shards."""
+    engine, parallel = {"name": "fsdp", "offload": offload}, {"dp": 4}
+    one, _ = parts(engine=engine, parallel=parallel, batch={"global_size": 16, "grad_accum": 1})
+    device, host = parts(
+        engine=engine, parallel=parallel, batch={"global_size": 16, "grad_accum": 2}
+    )
+    assert device["gradients"] == 4 * P
+    assert one["gradients"] == (0 if offload == "params" else 4 * P // 4)
+    assert host.get("gradients", 0) == (4 * P // 4 if offload == "params" else 0)
+    assert {k: v for k, v in device.items() if k != "gradients"} == {
+        k: v for k, v in one.items() if k != "gradients"
+    }
+
+
+def test_auto_plans_each_micro_size_with_its_own_accumulation() -> None:
+    """batch.micro_size=auto: the candidate of the whole per-rank batch does not accumulate, a
+    smaller one does (and holds FSDP2's unsharded gradients)."""
+    cfg = config(
+        engine={"name": "fsdp"}, parallel={"dp": 2}, batch={"global_size": 16, "micro_size": "auto"}
+    )
+    info = inspect_model(cfg)
+    assert info.blocks is not None
+    shape = ModelShape(info.parameters, info.block_parameters, len(info.blocks), 0)
+    planner = Planner(cfg, shape)
+    p = info.parameters
+    assert planner.plan(8, AcPolicy.none).parts["gradients"] == 4 * p // 2
+    assert planner.plan(4, AcPolicy.none).parts["gradients"] == 4 * p
+
+
 def slurm(dp: int, nodes: int, engine: str = "fsdp", **parallel: Any) -> RootConfig:
     return config(
         parallel={"dp": dp, "nodes": nodes, **parallel},
