@@ -65,5 +65,7 @@ class ServeConfig:
             )
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError("serve.top_p", f"must be in (0, 1], got {self.top_p}.")
+        if not -(1 << 62) <= self.seed <= 1 << 62:  # + request or line numbers: within 64 bits
+            raise ConfigError("serve.seed", f"must be within +-2**62, got {self.seed}.")
         if not 0 < self.port < 65536:
             raise ConfigError("serve.port", f"must be a port number (1-65535), got {self.port}.")

@@ -230,3 +230,20 @@ def test_a_failed_prompt_of_generate_is_written_with_its_error(tmp_path: Path) -
         check_failures(requests)
     assert "1 of 2 prompts failed" in str(failed.value) and "line 2" in str(failed.value)
     assert failed.value.exit_code == 1
+
+
+def test_generate_lines_with_numbers_of_any_size_are_one_error() -> None:
+    from launcher.config.serve import ServeConfig
+    from launcher.errors import ConfigError
+    from launcher.serve.prompts import parse_line
+
+    for line, words in [
+        (f'{{"prompt": "a", "seed": {OVER_LIMIT}}}', "more than 4300 digits"),
+        (f'{{"prompt": "a", "max_new_tokens": 2, "seed": {HUGE}}}', '"seed" must be in'),
+    ]:
+        with pytest.raises(ConfigError) as refused:
+            parse_line(1, line, "p.jsonl")
+        assert words in str(refused.value) and "p.jsonl line 1" in str(refused.value)
+    assert parse_line(1, '{"prompt": "a", "seed": -9223372036854775808}', "p").seed == -(1 << 63)
+    with pytest.raises(ConfigError, match=r"serve\.seed"):
+        ServeConfig(seed=1 << 63)
