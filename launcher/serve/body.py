@@ -1,10 +1,14 @@
 """A request body read safely: its length refused (413) before it is read when the client
-declares it, and while reading when it does not; JSON that nests too deep, or strings that are
-not Unicode text (a lone surrogate escape), refused with a 400 instead of reaching a traceback."""
+declares it, and while reading when it does not; a body that takes longer than
+serve.body_timeout_seconds to arrive refused (408, the connection closed); JSON that nests too
+deep, an integer longer than Python reads (4,300 digits), or strings that are not Unicode text (a
+lone surrogate escape), refused with a 400 instead of reaching a traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 from typing import Any
 
 from fastapi import Request as HttpRequest
@@ -23,9 +27,23 @@ def _too_large(limit: int) -> ApiError:
     )
 
 
-async def read_body(http: HttpRequest, limit: int) -> bytes:
+async def read_body(http: HttpRequest, limit: int, timeout: float) -> bytes:
+    """The whole body, received within `timeout` seconds (ApiError 408 when not)."""
+    try:
+        return await asyncio.wait_for(_read(http, limit), timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(
+            f"the request body did not arrive within {timeout:g} s (serve.body_timeout_seconds).",
+            status=408,
+            code="request_timeout",
+        ) from None
+
+
+async def _read(http: HttpRequest, limit: int) -> bytes:
     declared = http.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+    if declared is not None and not (declared.isascii() and declared.isdigit()):
+        raise _too_large(limit)
+    if declared is not None and (len(declared) > 18 or int(declared) > limit):
         raise _too_large(limit)
     chunks, size = [], 0
     async for chunk in http.stream():
@@ -69,6 +87,10 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise ApiError(f"the body is not valid JSON ({exc}).") from None
     except RecursionError:
         raise ApiError(f"the body nests deeper than {MAX_DEPTH} levels.") from None
+    except ValueError:  # an integer literal over Python's limit of digits
+        raise ApiError(
+            f"the body holds an integer of more than {sys.get_int_max_str_digits()} digits."
+        ) from None
     if not isinstance(body, dict):
         raise ApiError("the body must be a JSON object.")
     _depth_and_text(body)

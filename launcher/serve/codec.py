@@ -15,6 +15,10 @@ from launcher.errors import ConfigError
 BYTE_SOURCES = (DataKind.reverse, DataKind.text, DataKind.jsonl)
 
 
+class ChatTemplateError(ValueError):
+    """The chat template refused the messages (its raise_exception, or an error in it)."""
+
+
 @dataclass
 class Codec:
     backend: Any | None
@@ -42,11 +46,19 @@ class Codec:
         return str(self.backend.decode([token], skip_special_tokens=False))
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """The prompt text of chat messages, ready for the assistant's answer."""
+        """The prompt text of chat messages, ready for the assistant's answer. ChatTemplateError
+        when the template refuses them (Llama-2-style templates raise_exception unless user and
+        assistant alternate)."""
+        from jinja2 import TemplateError
+
         assert self.chat is not None
-        return str(
-            self.chat.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        )
+        try:
+            text = self.chat.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except TemplateError as exc:
+            raise ChatTemplateError(str(exc) or type(exc).__name__) from None
+        return str(text)
 
 
 def chat_tokenizer(directory: str) -> Any | None:

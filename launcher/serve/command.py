@@ -38,7 +38,8 @@ Needs the serve extra: pip install 'launcher[serve]'. SIGTERM or Ctrl-C: answer 
 
 overrides: serve.host serve.port serve.slots serve.queue serve.max_new_tokens
            serve.max_prompt_tokens serve.temperature serve.top_k serve.top_p serve.seed
-           serve.model_name serve.max_body_bytes train.device=auto|cpu|cuda
+           serve.model_name serve.max_body_bytes serve.header_timeout_seconds
+           serve.body_timeout_seconds serve.keep_alive_seconds train.device=auto|cpu|cuda
 """
 
 SERVE_INSTALL = "pip install 'launcher[serve]'"
@@ -76,7 +77,13 @@ def generate_main(argv: list[str]) -> int:
         run_arg, prompts_arg = _positionals(
             line, ["RUN_DIR_OR_CHECKPOINT", "PROMPTS.jsonl"], GENERATE_USAGE
         )
-        from launcher.serve.generate import build_engine, generate, prompt_limit, to_requests
+        from launcher.serve.generate import (
+            build_engine,
+            check_failures,
+            generate,
+            prompt_limit,
+            to_requests,
+        )
         from launcher.serve.load import find_checkpoint, load_run
         from launcher.serve.prompts import read_prompts
         from launcher.userpath import check_output_file
@@ -104,6 +111,7 @@ def generate_main(argv: list[str]) -> int:
             _generate_to_file(engine, requests, Path(line.output).expanduser(), generate)
         else:
             generate(engine, requests, sys.stdout)
+        check_failures(requests)
     except LauncherError as exc:
         return _refused(exc)
     return 0
@@ -174,12 +182,11 @@ def _require_serve_extra() -> None:
 
 
 def _serve(run: Any, serve: Any, device: Any, name: str, sock: Any, threads: int) -> int:
-    import uvicorn
-
     from launcher.serve.adapters import vocab_of
     from launcher.serve.generate import build_engine, prompt_limit
     from launcher.serve.lifecycle import DrainingServer
     from launcher.serve.server import ServeState, create_app
+    from launcher.serve.timeouts import uvicorn_config
     from launcher.serve.worker import EngineThread
 
     run.model.to(device)
@@ -187,7 +194,7 @@ def _serve(run: Any, serve: Any, device: Any, name: str, sock: Any, threads: int
     worker = EngineThread(engine)
     limit = prompt_limit(serve, engine.context)
     state = ServeState(worker, run.codec, serve, limit, name, vocab=vocab_of(run.model))
-    config = uvicorn.Config(create_app(state), log_level="warning", timeout_keep_alive=5)
+    config = uvicorn_config(create_app(state), serve)
     server = DrainingServer(config, state)
     # uvicorn re-raises the signal that stopped it once it is done; these handlers make that
     # a no-op, so a graceful stop exits 0 instead of dying by the signal.

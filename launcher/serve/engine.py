@@ -8,6 +8,13 @@ token limit (max_new_tokens, or the model's context), and its slot is free for t
 once. A request's tokens depend only on its own prompt, sampling settings and seed: the slot it
 lands in, its neighbours and when it arrived change nothing (tests/unit/test_generation_exact.py).
 
+A failure is the failing requests' alone: an exception while one request is prefilled or has
+its token chosen fails that request; one in the batched decode fails the requests of that step.
+They retire with finish_reason "error" and the exception in `error`, and the engine goes on. After
+a failed step the engine checks itself with a one-token prefill into a free slot: if that fails
+too, the engine cannot go on and `step` raises EngineBroken (the server exits for its supervisor
+to restart it). An exception that is not an `Exception` (KeyboardInterrupt) is never caught.
+
 Thread-safety: `submit` and `pending` may be called from any thread; `step` from one thread only.
 """
 
@@ -17,58 +24,28 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
+from launcher.logs import get_logger
 from launcher.serve.adapters import Adapter
-from launcher.serve.logprobs import Scored, score, score_prompt
-from launcher.serve.sampling import Sampling, choose
+from launcher.serve.logprobs import score, score_prompt
+from launcher.serve.request import Request
+from launcher.serve.sampling import choose
 
 Decode = Callable[[list[int]], str]
 
 
-@dataclass(eq=False)
-class Request:
-    prompt_ids: list[int]
-    max_new_tokens: int
-    sampling: Sampling = field(default_factory=Sampling)
-    stop: tuple[str, ...] = ()
-    """Strings that end the completion (not included in it)."""
-    on_done: Callable[[Request], None] | None = None
-    """Called (on the engine's thread) when the request retires."""
-    tag: object = None
-    """The caller's own reference (an input line, an HTTP request)."""
-    logprobs: int | None = None
-    """Score each generated token, with this many most likely alternatives (None: no scores)."""
-    echo: bool = False
-    """Score the prompt's tokens too (with `logprobs` alternatives, 0 when None)."""
-    on_token: Callable[[Request], None] | None = None
-    """Called (on the engine's thread) after each generated token (streaming)."""
-    cancelled: bool = False
-    """Set from any thread when nobody waits for the answer: the engine drops the request at its
-    next step and frees its slot."""
-    # Filled in by the engine:
-    output_ids: list[int] = field(default_factory=list)
-    text: str | None = None
-    """The completion, cut before a stop string (None: the engine has no decoder)."""
-    finish_reason: str | None = None
-    """"stop" (end-of-sequence token or stop string), "length" (token limit or context), or
-    "cancelled"."""
-    prompt_scores: list[Scored] = field(default_factory=list)
-    output_scores: list[Scored] = field(default_factory=list)
-    submitted_at: float = 0.0
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    slot: int | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-
 class QueueFull(Exception):
     """Raised by Engine.submit when `queue` requests are already waiting."""
+
+
+class EngineBroken(Exception):
+    """The engine cannot go on: a step failed and so did the one-token check after it."""
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 class Engine:
@@ -92,6 +69,8 @@ class Engine:
         self.steps = 0
         self.cancelled = 0
         """Requests dropped because nobody waited for them any more."""
+        self.failed = 0
+        """Requests the engine failed (finish_reason "error")."""
 
     @property
     def context(self) -> int:
@@ -132,18 +111,29 @@ class Engine:
     def step(self) -> list[Request]:
         """Admit and prefill what fits, then one decode step for every active request; the
         requests that retired in this iteration."""
+        failures: list[Exception] = []
         finished = self._drop_cancelled()
-        finished += self._admit()
+        finished += self._admit(failures)
         if self.active:
             slots = sorted(self.active)
             requests = [self.active[s] for s in slots]
             tokens = [r.output_ids[-1] for r in requests]
             positions = [len(r.prompt_ids) + len(r.output_ids) - 1 for r in requests]
-            logits = self.adapter.decode(slots, tokens, positions)
-            for row, (slot, request) in enumerate(zip(slots, requests, strict=True)):
-                if self._append(slot, request, logits[row]):
-                    finished.append(request)
+            try:
+                logits = self.adapter.decode(slots, tokens, positions)
+            except Exception as exc:  # the batched forward: every request of the step fails
+                for slot, request in zip(slots, requests, strict=True):
+                    finished.append(self._fail(slot, request, exc, failures))
+            else:
+                for row, (slot, request) in enumerate(zip(slots, requests, strict=True)):
+                    try:
+                        if self._append(slot, request, logits[row]):
+                            finished.append(request)
+                    except Exception as exc:
+                        finished.append(self._fail(slot, request, exc, failures))
         self.steps += 1
+        if failures:
+            self._check_itself(failures[0])
         return finished
 
     def run(self) -> list[Request]:
@@ -159,7 +149,39 @@ class Engine:
             self._retire(slot, request, "cancelled")
         return [r for _, r in dropped]
 
-    def _admit(self) -> list[Request]:
+    def _fail(
+        self, slot: int | None, request: Request, exc: Exception, failures: list[Exception]
+    ) -> Request:
+        """Retire a request the engine could not serve (its slot freed for the next one)."""
+        failures.append(exc)
+        if slot is not None and self.active.get(slot) is request:
+            del self.active[slot]
+            self.generators.pop(slot, None)
+        if request.done:  # retired before the failure (in its own callback)
+            return request
+        self.failed += 1
+        request.error = _why(exc)
+        request.finish_reason = "error"
+        request.finished_at = self.clock()
+        get_logger().warning(f"generation failed for one request: {request.error}")
+        if request.on_done is not None:
+            request.on_done(request)
+        return request
+
+    def _check_itself(self, cause: Exception) -> None:
+        """After a failed step: a one-token prefill into a free slot. Raises EngineBroken when
+        that fails too (the model or the device, not a request, is at fault)."""
+        free = [s for s in range(self.slots) if s not in self.active]
+        if not free:
+            return
+        try:
+            self.adapter.prefill(free[0], [0])
+        except Exception as exc:
+            raise EngineBroken(
+                f"a step failed ({_why(cause)}) and so did a one-token check ({_why(exc)})"
+            ) from exc
+
+    def _admit(self, failures: list[Exception]) -> list[Request]:
         finished = []
         free = [s for s in range(self.slots) if s not in self.active]
         while free:
@@ -172,22 +194,28 @@ class Engine:
                 finished.append(request)
                 continue
             slot = free.pop(0)
-            request.slot = slot
-            self.active[slot] = request
-            self.generators[slot] = request.sampling.generator()
-            logits = self.adapter.prefill(slot, request.prompt_ids, every=request.echo)
-            if request.echo:
-                request.prompt_scores = score_prompt(
-                    logits, request.prompt_ids, request.logprobs or 0
-                )
-                logits = logits[-1]
-            if request.max_new_tokens == 0:  # scoring the prompt only (echo)
-                self._retire(slot, request, "length")
-            elif not self._append(slot, request, logits):
-                continue
+            try:
+                if not self._start(slot, request):
+                    continue
+            except Exception as exc:
+                self._fail(slot, request, exc, failures)
             finished.append(request)
             free.insert(0, slot)
         return finished
+
+    def _start(self, slot: int, request: Request) -> bool:
+        """Prefill a request into its slot and choose its first token. True: retired."""
+        request.slot = slot
+        self.active[slot] = request
+        self.generators[slot] = request.sampling.generator()
+        logits = self.adapter.prefill(slot, request.prompt_ids, every=request.echo)
+        if request.echo:
+            request.prompt_scores = score_prompt(logits, request.prompt_ids, request.logprobs or 0)
+            logits = logits[-1]
+        if request.max_new_tokens == 0:  # scoring the prompt only (echo)
+            self._retire(slot, request, "length")
+            return True
+        return self._append(slot, request, logits)
 
     def _append(self, slot: int, request: Request, logits: torch.Tensor) -> bool:
         """Choose the request's next token; retire it when it is done. True: retired."""

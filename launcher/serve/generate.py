@@ -1,5 +1,7 @@
 """`launch generate`: every prompt of a JSONL file through the engine, the outputs in input
-order (stdout or --output), progress and the totals on stderr."""
+order (stdout or --output), progress and the totals on stderr. A prompt the engine fails is
+written with "completion": null and its "error", the others go on; the command then ends with one
+line naming how many failed (exit 1). An engine that cannot go on is one line, exit 1."""
 
 from __future__ import annotations
 
@@ -12,13 +14,19 @@ from typing import TextIO
 import torch
 
 from launcher.config.serve import ServeConfig
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, LauncherError
 from launcher.serve.adapters import adapter_for
-from launcher.serve.engine import Engine, Request
+from launcher.serve.engine import Engine, EngineBroken, Request
 from launcher.serve.load import LoadedRun
 from launcher.serve.progress import GenerationProgress
 from launcher.serve.prompts import KEY, PromptLine
 from launcher.serve.sampling import Sampling
+
+
+class GenerationFailed(LauncherError):
+    """Prompts the engine failed (written with their error), or an engine that broke."""
+
+    exit_code = 1
 
 
 def build_engine(
@@ -71,7 +79,10 @@ def to_requests(
 def _write(request: Request, out: TextIO) -> None:
     line = request.tag
     assert isinstance(line, PromptLine)
-    out.write(json.dumps({**line.record, "completion": request.text}, ensure_ascii=False) + "\n")
+    record = {**line.record, "completion": request.text}
+    if request.finish_reason == "error":
+        record["error"] = request.error
+    out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def generate(
@@ -87,7 +98,11 @@ def generate(
         engine.waiting.append(request)  # not submit(): the whole file is the queue
     written = 0
     while engine.pending():
-        progress.advance(len(engine.step()), engine.tokens_generated)
+        try:
+            retired = engine.step()
+        except EngineBroken as exc:
+            raise GenerationFailed(f"the engine failed after {written} lines: {exc}.") from None
+        progress.advance(len(retired), engine.tokens_generated)
         while written < len(requests) and requests[written].done:
             _write(requests[written], out)
             written += 1
@@ -110,3 +125,15 @@ def generate(
         f"queueing included)\n"
     )
     return totals
+
+
+def check_failures(requests: list[Request]) -> None:
+    """After the output is complete: GenerationFailed when the engine failed any prompt."""
+    failed = [r for r in requests if r.finish_reason == "error"]
+    if failed:
+        first = failed[0].tag
+        assert isinstance(first, PromptLine)
+        raise GenerationFailed(
+            f'{len(failed)} of {len(requests)} prompts failed (written with their "error"; '
+            f"the first, line {first.number}: {failed[0].error})."
+        )

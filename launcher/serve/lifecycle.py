@@ -1,7 +1,8 @@
 """The server's life around uvicorn: the port bound before the model loads (a port in use is an
 error in a second, not after a minute of loading); a drain on the first SIGTERM/Ctrl-C that keeps
 listening (new requests and /health get 503) until every request held is answered; a second
-signal that stops at once, quietly."""
+signal that stops at once, quietly. An engine that fails for good stops the server too (the
+command then exits 1, for a supervisor to restart it)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,12 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.state = state
         self.draining = False
+        state.worker.on_fatal = self.engine_failed
+
+    def engine_failed(self) -> None:
+        """From the engine's thread: /health already names the failure; stop serving."""
+        self.state.accepting = False
+        self.should_exit = True
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self.draining:  # the second signal: at once, and without a traceback per request

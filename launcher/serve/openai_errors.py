@@ -1,6 +1,7 @@
 """Errors in OpenAI's shape, {"error": {"message", "type", "param", "code"}}, for every status the
-server answers with (400, 404, 405, 413, 422, 500, 503), so a client's own error handling reads
-them."""
+server answers with (400, 404, 405, 408, 413, 422, 500, 503), so a client's own error handling
+reads them. A 503 carries Retry-After; a 408 closes the connection (the rest of a slow body is
+not waited for)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
     500: "server_error",
@@ -36,7 +38,7 @@ class ApiError(Exception):
 def error(
     status: int, message: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    headers = {503: {"Retry-After": str(RETRY_AFTER_S)}, 408: {"Connection": "close"}}.get(status)
     body: dict[str, Any] = {
         "error": {
             "message": message,

@@ -1,24 +1,24 @@
 """The parameters of /v1/completions and /v1/chat/completions, checked against OpenAI's limits:
 each one this server implements becomes part of a Job; one it does not implement is a 400 naming
-it (never silently ignored); an unknown key is a 400 too."""
+it (never silently ignored); an unknown key is a 400 too, and so is a request of more sequences
+(n x prompts) than the server can ever hold at once, or messages the chat template refuses."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from launcher.config.serve import ServeConfig
 from launcher.serve.body import check_text
-from launcher.serve.codec import Codec
+from launcher.serve.codec import ChatTemplateError, Codec
 from launcher.serve.engine import Request
 from launcher.serve.openai_errors import ApiError
+from launcher.serve.openai_values import flag, integer, number, shown, stop_strings, stream_options
 from launcher.serve.sampling import Sampling
 
 MAX_N = 128
 MAX_LOGPROBS = 5
-MAX_STOP = 4
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options"}
 COMMON |= {"stop", "seed", "user", "logit_bias", "presence_penalty", "frequency_penalty"}
 COMPLETION_KEYS = COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
@@ -66,39 +66,10 @@ class Job:
         ]
 
 
-def _number(body: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApiError(f"{key} must be a number, got {value!r}.", key)
-    if not low <= value <= high:
-        raise ApiError(f"{key} must be in [{low}, {high}], got {value}.", key)
-    return float(value)
-
-
-def _integer(body: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(f"{key} must be an integer, got {value!r}.", key)
-    if not low <= value <= high:
-        raise ApiError(f"{key} must be between {low} and {high}, got {value}.", key)
-    return value
-
-
-def _flag(body: dict[str, Any], key: str) -> bool:
-    value = body.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise ApiError(f"{key} must be true or false, got {value!r}.", key)
-    return bool(value)
-
-
 def _refuse_unknown(body: dict[str, Any], known: set[str]) -> None:
     for key in body:
         if key not in known:
-            raise ApiError(f"unknown parameter {key!r}: this server does not take it.", key)
+            raise ApiError(f"unknown parameter {shown(key)}: this server does not take it.", key)
     bias = body.get("logit_bias")
     if bias:
         raise ApiError("logit_bias is not supported by this server; leave it out.", "logit_bias")
@@ -111,37 +82,12 @@ def _model(body: dict[str, Any], limits: Limits) -> None:
     name = body.get("model")
     if name is not None and name != limits.model_name:
         raise ApiError(
-            f"the model {name!r} does not exist here; this server serves {limits.model_name!r} "
-            "(GET /v1/models).",
+            f"the model {shown(name)} does not exist here; this server serves "
+            f"{limits.model_name!r} (GET /v1/models).",
             "model",
             status=404,
             code="model_not_found",
         )
-
-
-def _stop(body: dict[str, Any]) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    if isinstance(stop, str) and stop:
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise ApiError('"stop" must be a string or a list of non-empty strings.', "stop")
-    if len(stop) > MAX_STOP:
-        raise ApiError(f'"stop" holds at most {MAX_STOP} strings, got {len(stop)}.', "stop")
-    return tuple(stop)
-
-
-def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
-    stream = _flag(body, "stream")
-    options = body.get("stream_options")
-    if options is None:
-        return stream, False
-    if not stream:
-        raise ApiError("stream_options is only allowed with stream=true.", "stream_options")
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise ApiError('stream_options takes only {"include_usage": true|false}.', "stream_options")
-    return stream, _flag(options, "include_usage")
 
 
 def _ids(prompt: list[Any], limits: Limits) -> list[int]:
@@ -153,7 +99,23 @@ def _ids(prompt: list[Any], limits: Limits) -> list[int]:
     return list(prompt)
 
 
-def _prompts(body: dict[str, Any], codec: Codec, limits: Limits) -> list[list[int]]:
+def _fits(prompts: int, n: int, limits: Limits) -> None:
+    """A request of more sequences than slots + queue could never be served: a 400, not a 503
+    that a client would retry for ever."""
+    serve = limits.serve
+    most = serve.slots + serve.queue
+    if prompts * n > most:
+        raise ApiError(
+            f"this request needs {prompts * n} sequences ({prompts} prompt(s) x n={n}); this "
+            f"server holds at most {most} at once (serve.slots={serve.slots} + "
+            f"serve.queue={serve.queue}), so it could never be served: send fewer prompts or "
+            "a smaller n.",
+            "n" if n > 1 else "prompt",
+            code="too_many_sequences",
+        )
+
+
+def _prompts(body: dict[str, Any], codec: Codec, limits: Limits, n: int) -> list[list[int]]:
     """A string, a list of strings, a list of token ids or a list of lists of token ids."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -168,6 +130,7 @@ def _prompts(body: dict[str, Any], codec: Codec, limits: Limits) -> list[list[in
             "lists of token ids (non-empty).",
             "prompt",
         )
+    _fits(len(items), n, limits)
     out = []
     for item in items:
         if isinstance(item, str):
@@ -195,15 +158,15 @@ def _check_lengths(prompts: list[list[int]], limits: Limits) -> None:
 
 def _sampling(body: dict[str, Any], serve: ServeConfig, seed: int) -> Sampling:
     return Sampling(
-        temperature=_number(body, "temperature", serve.temperature, 0.0, 2.0),
-        top_k=_integer(body, "top_k", serve.top_k, 0, 1 << 31),
-        top_p=_number(body, "top_p", serve.top_p, 1e-9, 1.0),
-        seed=_integer(body, "seed", seed, -(1 << 63), (1 << 63) - 1 - MAX_N),
+        temperature=number(body, "temperature", serve.temperature, 0.0, 2.0),
+        top_k=integer(body, "top_k", serve.top_k, 0, 1 << 31),
+        top_p=number(body, "top_p", serve.top_p, 1e-9, 1.0),
+        seed=integer(body, "seed", seed, -(1 << 63), (1 << 63) - 1 - MAX_N),
     )
 
 
 def _max_tokens(body: dict[str, Any], key: str, serve: ServeConfig, low: int) -> int:
-    value = _integer(body, key, serve.max_new_tokens, low, 1 << 31)
+    value = integer(body, key, serve.max_new_tokens, low, 1 << 31)
     if value > serve.max_new_tokens:
         raise ApiError(
             f"{key} is {value}; this server generates at most {serve.max_new_tokens} "
@@ -218,18 +181,18 @@ def completion_job(body: dict[str, Any], codec: Codec, limits: Limits, seed: int
     _model(body, limits)
     if body.get("suffix") is not None:
         raise ApiError("suffix is not supported by this server; leave it out.", "suffix")
-    n = _integer(body, "n", 1, 1, MAX_N)
+    n = integer(body, "n", 1, 1, MAX_N)
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise ApiError("best_of is not supported by this server; leave it out.", "best_of")
-    echo = _flag(body, "echo")
+    echo = flag(body, "echo")
     logprobs = body.get("logprobs")
     if logprobs is not None:
-        logprobs = _integer(body, "logprobs", 0, 0, MAX_LOGPROBS)
-    stream, include_usage = _stream(body)
+        logprobs = integer(body, "logprobs", 0, 0, MAX_LOGPROBS)
+    stream, include_usage = stream_options(body)
     if stream and (echo or logprobs is not None):
         raise ApiError("echo and logprobs are not supported with stream=true.", "stream")
-    prompts = _prompts(body, codec, limits)
+    prompts = _prompts(body, codec, limits, n)
     _check_lengths(prompts, limits)
     return Job(
         prompts,
@@ -237,7 +200,7 @@ def completion_job(body: dict[str, Any], codec: Codec, limits: Limits, seed: int
         n,
         _max_tokens(body, "max_tokens", limits.serve, 0 if echo else 1),
         _sampling(body, limits.serve, seed),
-        _stop(body),
+        stop_strings(body),
         logprobs,
         echo,
         stream,
@@ -250,13 +213,14 @@ def _content(message: Any, index: int) -> dict[str, str]:
     if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
         raise ApiError(f'{where} must be {{"role": system|user|assistant, "content"}}.', where)
     if set(message) - {"role", "content", "name"}:
-        extra = sorted(set(message) - {"role", "content", "name"})[0]
+        extra = shown(sorted(set(message) - {"role", "content", "name"})[0]).strip("'")
         raise ApiError(f"{where}.{extra} is not supported by this server.", f"{where}.{extra}")
     content = message.get("content")
     if isinstance(content, list):  # the parts form: text parts only
-        if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-            raise ApiError(f"{where}.content: only text parts are supported.", where)
-        content = "".join(str(p.get("text", "")) for p in content)
+        text = [isinstance(p, dict) and p.get("type") == "text" for p in content]
+        if not all(text) or not all(isinstance(p.get("text", ""), str) for p in content):
+            raise ApiError(f"{where}.content: only text parts (strings) are supported.", where)
+        content = "".join(p.get("text", "") for p in content)
     if not isinstance(content, str):
         raise ApiError(f"{where}.content must be a string.", where)
     check_text(content, where)
@@ -279,17 +243,25 @@ def chat_job(body: dict[str, Any], codec: Codec, limits: Limits, seed: int) -> J
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError('"messages" must be a non-empty list of messages.', "messages")
-    prompts = [codec.encode(codec.render_chat([_content(m, i) for i, m in enumerate(messages)]))]
+    n = integer(body, "n", 1, 1, MAX_N)
+    _fits(1, n, limits)
+    try:
+        text = codec.render_chat([_content(m, i) for i, m in enumerate(messages)])
+    except ChatTemplateError as exc:  # the template's own raise_exception, or its mistake
+        raise ApiError(
+            f"the chat template refused these messages: {exc}", "messages", code="chat_template"
+        ) from None
+    prompts = [codec.encode(text)]
     _check_lengths(prompts, limits)
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    stream, include_usage = _stream(body)
+    stream, include_usage = stream_options(body)
     return Job(
         prompts,
         [],
-        _integer(body, "n", 1, 1, MAX_N),
+        n,
         _max_tokens(body, key, limits.serve, 1),
         _sampling(body, limits.serve, seed),
-        _stop(body),
+        stop_strings(body),
         None,
         False,
         stream,

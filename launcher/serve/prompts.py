@@ -4,6 +4,7 @@ onto the device; every bad line is one error naming its line number."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,10 @@ def parse_line(number: int, text: str, where: str) -> PromptLine:
         raise ConfigError(
             KEY, f"{at} nests too deep.", f"one flat object per line: {EXAMPLE}."
         ) from None
+    except ValueError:  # an integer literal over Python's limit of digits
+        raise ConfigError(
+            KEY, f"{at} holds an integer of more than {sys.get_int_max_str_digits()} digits."
+        ) from None
     if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
         raise ConfigError(KEY, f'{at} has no string "prompt".', f"write lines like {EXAMPLE}.")
     limit = record.get("max_new_tokens")
@@ -85,6 +90,8 @@ def parse_line(number: int, text: str, where: str) -> PromptLine:
     seed = record.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise ConfigError(KEY, f'{at}: "seed" must be an integer, got {seed!r}.')
+    if seed is not None and not -(1 << 63) <= seed < 1 << 63:  # what torch.Generator takes
+        raise ConfigError(KEY, f'{at}: "seed" must be in [-2**63, 2**63).')
     return PromptLine(number, record, record["prompt"], limit, stop, seed)
 
 

@@ -1,5 +1,11 @@
 """Choosing the next token from one request's logits: greedy, or sampled with temperature, top-k
-and top-p from the request's own generator (so its draws never depend on its neighbours)."""
+and top-p from the request's own generator (so its draws never depend on its neighbours).
+
+Numerically safe for every temperature above 0, down to the smallest float (5e-324): the logits
+minus their maximum, in float64, are divided by the temperature. Every scaled score is then <= 0
+and the most likely token's is exactly 0, so a tiny temperature can only send the others to
+-inf (probability 0), never overflow to +inf or NaN: the greedy limit, ties shared evenly.
+(Dividing the raw float32 logits overflowed to inf at 1e-38 and killed the engine.)"""
 
 from __future__ import annotations
 
@@ -33,7 +39,8 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
     """The next token from one row of logits (vocab,)."""
     if sampling.greedy or generator is None:
         return int(logits.argmax())
-    scores = logits.detach().float().cpu() / sampling.temperature
+    scores = logits.detach().to("cpu", torch.float64)
+    scores = (scores - scores.max()) / sampling.temperature
     if 0 < sampling.top_k < scores.numel():
         kth = torch.topk(scores, sampling.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))

@@ -3,7 +3,9 @@
 POST /v1/completions and /v1/chat/completions (streamed as server-sent events with stream=true),
 GET /v1/models and /health. Every parameter is either implemented or refused with a 400 naming
 it (docs/serve.md has the table); every error is in OpenAI's shape. A full queue answers 503 with
-Retry-After; a client that goes away has its requests cancelled and their slots freed.
+Retry-After (a request that could never fit is a 400); a client that goes away has its requests
+cancelled and their slots freed. A request the engine fails is a 500 for it alone; an engine that
+cannot go on is named on /health (503) while the process exits for its supervisor to restart it.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations at runtime.
@@ -31,6 +33,7 @@ from launcher.serve.openai_params import Job, Limits, chat_job, completion_job
 from launcher.serve.worker import EngineThread
 
 SHUTTING_DOWN = "the server is shutting down; retry on another instance."
+ENGINE_FAILED = "the engine failed ({}); this server is exiting so that its supervisor restarts it."
 
 
 @dataclass
@@ -50,9 +53,13 @@ class ServeState:
     def limits(self) -> Limits:
         return Limits(self.serve, self.model_name, self.prompt_limit, self.vocab)
 
-    @property
-    def refusing(self) -> bool:
-        return not self.accepting or self.worker.error is not None
+    def refusal(self) -> JSONResponse | None:
+        """The 503 while the engine has failed for good or the server drains; None: serving."""
+        failed = self.worker.error
+        if failed is not None:
+            why = f"{type(failed).__name__}: {failed}"
+            return error(503, ENGINE_FAILED.format(why), code="engine_failed")
+        return None if self.accepting else busy(SHUTTING_DOWN)
 
 
 def _submit(state: ServeState, requests: list[Request]) -> None:
@@ -113,7 +120,8 @@ async def _answer(state: ServeState, http: HttpRequest, requests: list[Request])
 def _failure(state: ServeState, requests: list[Request]) -> JSONResponse | None:
     reasons = {r.finish_reason for r in requests}
     if "error" in reasons:
-        return error(500, f"generation failed: {state.worker.error!r}")
+        why = next(r.error for r in requests if r.finish_reason == "error")
+        return error(500, f"generation failed: {why}", code="generation_failed")
     if "cancelled" in reasons:
         return busy(SHUTTING_DOWN)
     return None
@@ -161,7 +169,8 @@ async def _stream(
                 continue
             left -= 1
             if request.finish_reason in ("error", "cancelled"):
-                message = "generation failed" if request.finish_reason == "error" else SHUTTING_DOWN
+                failed = request.finish_reason == "error"
+                message = f"generation failed: {request.error}" if failed else SHUTTING_DOWN
                 yield fmt.event({"error": {"message": message, "type": "server_error"}})
                 return
             rest = texts[index].finish(request.text or "")
@@ -181,15 +190,18 @@ def _routes(app: FastAPI, state: ServeState) -> None:
     numbers = itertools.count(1)
 
     async def handle(http: HttpRequest, chat: bool) -> Any:
-        number = next(numbers)
+        number, serve = next(numbers), state.serve
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{number}"
         state.inflight += 1
         try:
-            body = parse_json(await read_body(http, state.serve.max_body_bytes))
+            body = parse_json(
+                await read_body(http, serve.max_body_bytes, serve.body_timeout_seconds)
+            )
             build = chat_job if chat else completion_job
             job = build(body, state.codec, state.limits, state.serve.seed + number)
-            if state.refusing:
-                return busy(SHUTTING_DOWN)
+            refused = state.refusal()
+            if refused is not None:
+                return refused
             requests = job.requests()
             if job.stream:
                 events = _wire_stream(requests)
@@ -230,10 +242,16 @@ def create_app(state: ServeState) -> FastAPI:
     async def invalid(_http: HttpRequest, exc: RequestValidationError) -> JSONResponse:
         return error(422, str(exc))
 
+    @app.exception_handler(Exception)
+    async def unexpected(_http: HttpRequest, exc: Exception) -> JSONResponse:
+        # Never reached by a request's input (tests/unit/test_serve_fuzz.py); the shape holds.
+        return error(500, f"internal error: {type(exc).__name__}: {exc}")
+
     @app.get("/health")
     async def health() -> Any:
-        if state.refusing:
-            return busy(SHUTTING_DOWN if not state.accepting else "the engine failed.")
+        refused = state.refusal()
+        if refused is not None:
+            return refused
         engine = state.worker.engine
         return {
             "status": "ok",
@@ -243,6 +261,7 @@ def create_app(state: ServeState) -> FastAPI:
             "waiting": len(engine.waiting),
             "queue": state.serve.queue,
             "cancelled": engine.cancelled,
+            "failed": engine.failed,
         }
 
     @app.get("/v1/models")

@@ -54,6 +54,18 @@ def test_outputs_in_input_order_whatever_the_slots(run: Path, tmp_path: Path) ->
     assert [json.loads(x) for x in alone.stdout.splitlines()] == lines
 
 
+def test_a_tiny_temperature_is_the_greedy_limit(run: Path, tmp_path: Path) -> None:
+    """Issue 33: serve.temperature=1e-38 overflowed (logits / temperature = inf) and ended in a
+    traceback; now it samples the greedy token (docs/serve.md)."""
+    prompts = _prompts(tmp_path / "p.jsonl", PROMPTS[:2])
+    greedy = run_launch(["generate", str(run), str(prompts)])
+    for temperature in ("1e-38", "5e-324"):
+        args = ["generate", str(run), str(prompts), f"serve.temperature={temperature}"]
+        proc = run_launch(args, check=False)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stdout == greedy.stdout, temperature
+
+
 def test_bad_inputs_are_one_line_each(
     run: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
