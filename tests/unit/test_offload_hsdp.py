@@ -172,7 +172,7 @@ def test_auto_plans_each_micro_size_with_its_own_accumulation() -> None:
     cfg = config(
         engine={"name": "fsdp"}, parallel={"dp": 2}, batch={"global_size": 16, "micro_size": "auto"}
     )
-    info = inspect_model(cfg)
+    info = model_info(cfg)
     assert info.blocks is not None
     shape = ModelShape(info.parameters, info.block_parameters, len(info.blocks), 0)
     planner = Planner(cfg, shape)
