@@ -36,7 +36,7 @@ def _train_source(cfg: DataConfig, seq_len: int, seed: int, vocab: int | None) -
     if cfg.name == DataKind.text:
         return TextDataset(Path(cfg.path), seq_len)
     if cfg.name == DataKind.jsonl:
-        return JsonlDataset(Path(cfg.path), seq_len, cfg.eval_problems)
+        return JsonlDataset(Path(cfg.path), seq_len, cfg.held_out_problems)
     return _file_source("data.path", cfg.path, cfg, seq_len, vocab)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sys
 import traceback
 import warnings
 from pathlib import Path
@@ -160,7 +161,12 @@ def train_rank(
     )
     with eager():  # a new shape every decoding step: not worth compiling
         accuracy = exact_match(
-            engine.module, dataset.eval_problems(), cfg.model.seq_len, ctx.device
+            engine.module,
+            dataset.eval_problems(),
+            cfg.model.seq_len,
+            ctx.device,
+            cfg.data,
+            report=sys.stdout if ctx.is_main else None,
         )
     shape = RunShape(
         world_size=ctx.world_size,
