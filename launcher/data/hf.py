@@ -187,6 +187,7 @@ def open_cached(
             f"of {vocab_size}.",
             max(meta["max_id"] + 1, meta["vocab_size"]),
             "use the model's own tokenizer.",
+            tokenizer=True,
         )
     tokens = np.memmap(directory / "tokens.bin", dtype=np.uint32, mode="r")
     if not meta["tuning"]:

@@ -16,7 +16,7 @@ from torch import nn
 from launcher.checkpoint.checkpointer import Checkpointer
 from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
-from launcher.data.build import Datasets, build_datasets, vocab_of
+from launcher.data.build import Datasets, build_datasets, model_vocab, vocab_of
 from launcher.distributed import (
     DistContext,
     check_world_size,
@@ -99,7 +99,7 @@ def seed_rank(cfg: RootConfig, rank: int) -> None:
 
 def build_data(cfg: RootConfig, model: nn.Module) -> Datasets:
     """The training (and held-out) data, tokenised for this model's vocabulary."""
-    vocab = getattr(cfg.model, "vocab_size", None) or vocab_of(model)
+    vocab = model_vocab(cfg.model) or vocab_of(model)
     return build_datasets(cfg.data, cfg.model.seq_len, cfg.train.seed, vocab)
 
 

@@ -3,19 +3,30 @@ their own project's directory works, and every printed Fix reads as written."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_launch
+from tests.helpers import REPO, read_metrics, read_summary, run_launch
+from tests.inprocess import completed, runs_in_process
 
 pytestmark = pytest.mark.e2e
 
 LAUNCH = str(Path(sys.executable).with_name("launch"))
 """The console script a user runs: unlike `python -m`, it puts no directory on sys.path."""
+EXAMPLE = REPO / "examples" / "own_project"
+TOKENIZER = EXAMPLE / "data" / "tokenizer"  # 512 tokens; the built-in models' bytes are 256
+HF_DATA = [
+    "data=hf",
+    f"data.path={EXAMPLE / 'data' / 'corpus.jsonl'}",
+    f"data.tokenizer={TOKENIZER}",
+]
 
 DATASET = """
 import torch
@@ -77,3 +88,46 @@ def test_the_wandb_key_fix_is_printed_as_written(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "Fix: export WANDB_API_KEY=<your key> or run `wandb login`;" in proc.stderr
     assert "REDACTED" not in proc.stderr
+
+
+def _readme_commands() -> list[str]:
+    """The `launch ...` lines of the example's README code blocks (continuations joined)."""
+    blocks = re.findall(r"```bash\n(.*?)```", (EXAMPLE / "README.md").read_text(), re.DOTALL)
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    return [line.split("#")[0].strip() for line in lines if line.startswith("launch ")]
+
+
+def test_the_example_data_hf_command_runs_as_written(tmp_path: Path) -> None:
+    """Issue 33, item 6: the first data=hf run of the shipped example was refused (a tokenizer of
+    512 tokens, a model of 256). The vocabulary now follows the tokenizer, said in the plan."""
+    [command] = [c for c in _readme_commands() if "data=hf" in c]
+    assert command.startswith("launch train ")
+    run_dir = tmp_path / "run"
+    cheap = ["train.steps=2", "eval.every=2", "wandb.mode=disabled", f"hydra.run.dir={run_dir}"]
+    mine = {a.split("=", 1)[0] for a in cheap}
+    args = [a for a in shlex.split(command)[1:] if a.split("=", 1)[0] not in mine] + cheap
+    env = {"LAUNCHER_CACHE": str(tmp_path / "cache")}
+    if runs_in_process(args, env):
+        proc = completed(args, EXAMPLE, env)
+    else:
+        proc = subprocess.run(
+            [LAUNCH, *args], cwd=EXAMPLE, env={**os.environ, **env}, capture_output=True, text=True
+        )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "vocabulary 512 (the tokenizer's)" in proc.stdout
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert (plan["vocab_size"], plan["vocab_from"]) == (512, "data.tokenizer")
+    assert "  vocab_size: 512\n" in (run_dir / "config.yaml").read_text()  # what the ranks build
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2]
+    assert read_summary(run_dir)["final_val_loss"] is not None
+
+
+def test_an_hf_config_model_follows_the_tokenizer_too(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    config = REPO / "tests" / "fixtures" / "tiny_llama.json"  # vocab_size 256
+    args = ["plan", *HF_DATA, "model=hf", f"model.config={config}", "model.seq_len=16"]
+    proc = run_launch([*args, f"data.cache_dir={tmp_path / 'cache'}"], run_dir)
+    assert "vocabulary 512 (the tokenizer's)" in proc.stdout
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert (plan["vocab_size"], plan["vocab_from"]) == (512, "data.tokenizer")
+    assert "  vocab_size: 512\n" in (run_dir / "config.yaml").read_text()
