@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     )
     model = GPT(cfg)
     model.train()
-    inputs = torch.randint(0, cfg.vocab_size, (args.micro_size, cfg.seq_len))
-    targets = torch.randint(0, cfg.vocab_size, (args.micro_size, cfg.seq_len))
+    inputs = torch.randint(0, cfg.vocab, (args.micro_size, cfg.seq_len))
+    targets = torch.randint(0, cfg.vocab, (args.micro_size, cfg.seq_len))
     runners = {
         p.value: build_runner(AcConfig(policy=p, every_n=args.every_n), model.blocks)
         for p in AcPolicy

@@ -31,9 +31,14 @@ class VocabTooSmall(DataError):
     """Token ids at or past the model's vocabulary. The fix named is the built-in model's key;
     a user model's check (launcher/models/probe.py) names its own."""
 
-    def __init__(self, problem: str, needed: int, alternative: str) -> None:
+    def __init__(
+        self, problem: str, needed: int, alternative: str, tokenizer: bool = False
+    ) -> None:
         self.problem, self.needed, self.alternative = problem, needed, alternative
-        super().__init__(f"{problem} Fix: set model.vocab_size={needed}, or {alternative}")
+        self.tokenizer = tokenizer
+        """The data has a tokenizer: model.vocab_size=auto would follow it."""
+        auto = " (or auto: the tokenizer's)" if tokenizer else ""
+        super().__init__(f"{problem} Fix: set model.vocab_size={needed}{auto}, or {alternative}")
 
 
 class EnvironmentProblem(LauncherError):

@@ -13,6 +13,8 @@ from typing import Any
 
 from launcher.config.load import to_plain
 from launcher.config.root import RootConfig
+from launcher.data.build import model_vocab
+from launcher.data.vocab import vocab_source
 from launcher.engines import engine_spec
 from launcher.memory.auto import Choice, plan_and_choose
 from launcher.memory.budget import Budget, budget_for
@@ -73,6 +75,11 @@ class Plan:
     memory_budget_bytes: int | None = None
     memory_choice: dict[str, Any] | None = None
     """batch.micro_size=auto / ac=auto: what was requested, what was chosen and why."""
+    vocab_size: int | None = None
+    """Tokens the model embeds and predicts (None: a user model that does not say)."""
+    vocab_from: str | None = None
+    """Where vocab_size comes from: data.tokenizer (model.vocab_size=auto followed it),
+    model.vocab_size, or model (a user model's own)."""
     config: RootConfig | None = None
     """The resolved config the ranks run (auto choices made); not in plan.json."""
 
@@ -95,7 +102,7 @@ class Plan:
             f"{self.grad_accum} x micro {self.micro_size}",
             f"tokens/step {self.tokens_per_step:,} positions ({self.global_size} x seq_len "
             f"{self.seq_len})",
-            f"model       {self.parameters:,} parameters, {self.precision}",
+            f"model       {self.parameters:,} parameters, {_vocab(self)}{self.precision}",
             f"engine      {self.engine}{stage}, recompute: {self.ac}",
             *(f"            {line}" for line in self.engine_options),
             "recompute   " + _recompute_table(self.activation_estimates, self.ac),
@@ -107,6 +114,13 @@ class Plan:
         if self.env:
             lines.append("env         " + " ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
         return "\n".join(lines)
+
+
+def _vocab(plan: Plan) -> str:
+    if plan.vocab_size is None:
+        return ""
+    said = " (the tokenizer's)" if plan.vocab_from == "data.tokenizer" else ""
+    return f"vocabulary {plan.vocab_size:,}{said}, "
 
 
 def _recompute_table(estimates: dict[str, dict[str, float]], chosen: str) -> str:
@@ -161,6 +175,7 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
     files = {name: secrets.text(text) for name, text in {**engine_files, **runner_files}.items()}
     split = cfg.split()
     params = info.parameters
+    vocab = model_vocab(cfg.model) or info.vocab
     estimates = estimate_all(cfg, split.micro_size)
     return Plan(
         world_size=split.dp,
@@ -193,5 +208,7 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
         memory_plan=choice.plan.to_json(),
         memory_budget_bytes=budget.bytes if budget is not None else None,
         memory_choice=choice.to_json() if auto else None,
+        vocab_size=vocab,
+        vocab_from=vocab_source(cfg, vocab),
         config=cfg,
     )

@@ -11,8 +11,10 @@ A secret is
 Values shorter than MIN_SECRET_LEN characters are not replaced everywhere: they would match
 everywhere (`1`, `true`). A shorter value (at least MIN_ASSIGNED_LEN characters) assigned with `=`
 or a flag (`PASSWORD=hunter2`, `--api-key=abcd`) is replaced where it is assigned, and nowhere
-else. A shell reference (`HF_TOKEN=$HF_TOKEN`) is not a secret: the shell fills it in at run time.
-Every secret is replaced by REDACTED.
+else. A shell reference (`HF_TOKEN=$HF_TOKEN`) is not a secret: the shell fills it in at run time;
+nor is a placeholder in angle brackets (`export WANDB_API_KEY=<your key>`, as the launcher's own
+"Fix:" lines write them, which must reach the user as written). Every secret is replaced by
+REDACTED.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ _FLAG = re.compile(
 )
 # $NAME or ${NAME}: filled in by the shell that runs the line, not a value.
 _SHELL_REFERENCE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})[;&|)]*")
+# <your key>, <token>: words for the reader to replace (a Fix's text), not a value; a key has
+# digits or capitals (one in the environment is replaced anywhere all the same).
+_PLACEHOLDER = re.compile(r"<[a-z][a-z -]{0,39}>")
 
 
 def is_secret_name(name: str) -> bool:
@@ -70,7 +75,11 @@ def _assignments(text: str) -> Iterator[tuple[re.Match[str], bool]]:
     for pattern in (_ASSIGNMENT, _FLAG):
         for match in pattern.finditer(text):
             value = match["value"]
-            if is_secret_name(match["name"]) and not _SHELL_REFERENCE.fullmatch(value):
+            if (
+                is_secret_name(match["name"])
+                and not _SHELL_REFERENCE.fullmatch(value)
+                and not _PLACEHOLDER.match(text, match.start("value"))
+            ):
                 yield match, pattern is _FLAG or match["op"] == "="
 
 
@@ -92,7 +101,12 @@ def secrets_in(obj: Any) -> set[str]:
     found: set[str] = set()
     if isinstance(obj, Mapping):
         for key, value in obj.items():
-            if isinstance(key, str) and isinstance(value, str) and is_secret_name(key):
+            if (
+                isinstance(key, str)
+                and isinstance(value, str)
+                and is_secret_name(key)
+                and not _PLACEHOLDER.fullmatch(value)
+            ):
                 found.add(value)
             found |= secrets_in(value)
     elif isinstance(obj, (list, tuple, set, frozenset)):

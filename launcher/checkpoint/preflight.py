@@ -13,7 +13,7 @@ from launcher.checkpoint.files import STEP_PREFIX, checkpoints_dir, log, resume_
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.integrity.data import check_data_unchanged
-from launcher.rundir import METRICS_FILE, SUMMARY_FILE
+from launcher.rundir import METRICS_FILE, SUMMARY_FILE, WANDB_DIR, WANDB_RUN_ID_FILE
 
 
 def check_resume(cfg: RootConfig, run_dir: Path) -> RootConfig:
@@ -51,8 +51,16 @@ def check_resume(cfg: RootConfig, run_dir: Path) -> RootConfig:
 
 
 def start_fresh(cfg: RootConfig, run_dir: Path) -> None:
-    """train.resume=never with checkpoint.overwrite=true: remove the earlier run's state."""
-    if cfg.train.resume != "never" or not cfg.checkpoint.overwrite:
+    """train.resume=never: training starts at step 1, so it is a new wandb run (the run id kept in
+    the run directory is forgotten; the earlier run's wandb files stay). With
+    checkpoint.overwrite=true also remove the earlier run's checkpoints and metrics."""
+    if cfg.train.resume != "never":
+        return
+    run_id = run_dir / WANDB_DIR / WANDB_RUN_ID_FILE
+    if run_id.is_file() or run_id.is_symlink():
+        run_id.unlink()  # what an earlier launch wrote; a link is removed, never followed
+        log.info(f"train.resume=never: a new wandb run starts (forgot {run_id})")
+    if not cfg.checkpoint.overwrite:
         return
     root = checkpoints_dir(run_dir)
     if root.is_dir():

@@ -10,6 +10,11 @@ from launcher.config.checks import require_positive
 from launcher.config.sources import check_sources, names_many, path_list
 from launcher.errors import ConfigError
 
+HELD_OUT_PROBLEMS = 256
+"""data.eval_problems=null: the problems held out (reverse, jsonl)."""
+UNCACHED_EVAL_PROBLEMS = 32
+"""data.eval_problems=null: the problems scored for a model decoded without a KV cache."""
+
 
 class DataKind(str, Enum):
     reverse = "reverse"
@@ -134,14 +139,16 @@ class DataConfig:
     """reverse: longest string to reverse."""
     alphabet: str = "abcdefghij"
     """reverse: the characters of the strings."""
-    eval_problems: int = 256
-    """Held-out problems scored by exact match at the end (reverse, jsonl)."""
+    eval_problems: int | None = None
+    """Held-out problems scored by exact match of greedy decoding at the end (reverse, jsonl).
+    null: 256 held out, all scored for a model decoded with a KV cache (the built-in GPT,
+    transformers), the first 32 for any other (each new token reruns the whole sequence)."""
 
     def __post_init__(self) -> None:
         self.packing = _packing(self.packing)
         require_positive("data.min_len", self.min_len)
         require_positive("data.max_len", self.max_len)
-        require_positive("data.eval_problems", self.eval_problems)
+        require_positive("data.eval_problems", self.eval_problems, allow_none=True)
         if self.holdout < 0:
             raise ConfigError("data.holdout", f"must be 0 or more, got {self.holdout}.")
         if self.max_len < self.min_len:
@@ -262,6 +269,18 @@ class DataConfig:
                 "only applies to concatenated windows (pretraining, or data.packing=concat).",
                 "add data.packing=concat, or drop data.cross_document_attention.",
             )
+
+    @property
+    def held_out_problems(self) -> int:
+        """The problems held out for the exact-match evaluation (and reverse's val_loss)."""
+        return self.eval_problems or HELD_OUT_PROBLEMS
+
+    def scored_problems(self, cached: bool) -> int:
+        """How many held-out problems the end-of-training evaluation decodes: data.eval_problems,
+        else all of them, or UNCACHED_EVAL_PROBLEMS without a KV cache (cached=False)."""
+        if self.eval_problems is not None:
+            return self.eval_problems
+        return HELD_OUT_PROBLEMS if cached else UNCACHED_EVAL_PROBLEMS
 
 
 def _packing(value: Any) -> bool | str:

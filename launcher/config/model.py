@@ -5,10 +5,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.config.checks import require_finite, require_positive
 from launcher.errors import ConfigError
+
+AUTO = "auto"
+BYTE_VOCAB = 256
+"""The vocabulary of byte-level data (every built-in dataset but data=tokens and data=hf)."""
+HF_TARGET = "launcher.models.hf.build_hf"
+"""model=hf's builder: with model.config, random weights whose vocab_size may be overridden."""
+
+if TYPE_CHECKING:
+    VocabSize = int | str
+else:  # OmegaConf 2.3 has no unions: an open node, checked in ModelConfig.__post_init__
+    VocabSize = Any
+
+
+def check_vocab_size(value: Any) -> None:
+    """model.vocab_size: a positive number of tokens, or auto."""
+    if value == AUTO:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            "model.vocab_size",
+            f"must be a positive number of tokens or auto, got {value!r}.",
+            "set model.vocab_size=auto (the tokenizer's with data=hf, else 256 bytes).",
+        )
 
 
 @dataclass
@@ -27,8 +50,9 @@ class ModelConfig:
     """Tokens per sequence (the context length)."""
     dropout: float = 0.0
     """Dropout on attention and residual paths (0 for exact comparisons)."""
-    vocab_size: int = 256
-    """Byte-level vocabulary; every built-in dataset uses bytes."""
+    vocab_size: VocabSize = AUTO
+    """Tokens the model embeds and predicts. auto: the tokenizer's vocabulary with data=hf (said
+    in the plan), else 256 (bytes); resolved before anything runs."""
     mlp_ratio: int = 4
     """Hidden width of the MLP as a multiple of d_model."""
     init_from: str | None = None
@@ -36,8 +60,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         require_finite("model", self)
-        for key in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio"):
+        for key in ("n_layer", "n_head", "d_model", "seq_len", "mlp_ratio"):
             require_positive(f"model.{key}", getattr(self, key))
+        check_vocab_size(self.vocab_size)
         if self.d_model % self.n_head:
             raise ConfigError(
                 ["model.d_model", "model.n_head"],
@@ -46,15 +71,17 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError("model.dropout", f"must be in [0, 1), got {self.dropout}.")
-        if self.vocab_size < 256:
-            raise ConfigError(
-                "model.vocab_size", "byte-level data needs at least 256 tokens.", "set 256."
-            )
+
+    @property
+    def vocab(self) -> int:
+        """model.vocab_size as a number (auto still unresolved: bytes)."""
+        return BYTE_VOCAB if self.vocab_size == AUTO else int(self.vocab_size)
 
     def fingerprint(self) -> dict[str, Any]:
         """The shape a resumed run must keep (checkpoint compatibility)."""
         keys = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio")
-        return {f"model.{key}": getattr(self, key) for key in keys}
+        shape = {**vars(self), "vocab_size": self.vocab}
+        return {f"model.{key}": shape[key] for key in keys}
 
 
 LAUNCHER_KEYS = ("_target_", "name", "seq_len", "blocks", "init_from")

@@ -9,17 +9,20 @@ from launcher.config.ac import AcConfig
 from launcher.config.batch import BatchSplit, resolve_batch
 from launcher.config.checks import require_finite
 from launcher.config.cluster import ClusterConfig, ClusterKind
-from launcher.config.data import DataConfig
+from launcher.config.data import DataConfig, DataKind
 from launcher.config.engine import EngineConfig, EngineName
 from launcher.config.eval import EvalConfig
 from launcher.config.export import ExportConfig
-from launcher.config.model import AnyModelConfig, ModelConfig
+from launcher.config.model import AUTO, BYTE_VOCAB, AnyModelConfig, ModelConfig
 from launcher.config.parallel import BatchConfig, ParallelConfig
 from launcher.config.serve import ServeConfig
 from launcher.config.train import CheckpointConfig, DebugConfig, OptimConfig, TrainConfig
 from launcher.config.verify import VerifyConfig
 from launcher.config.wandb import WandbConfig
 from launcher.errors import ConfigError
+
+BYTE_DATA = (DataKind.reverse, DataKind.text, DataKind.jsonl)
+"""Data whose tokens are bytes (0..255)."""
 
 if TYPE_CHECKING:
     ModelSection = AnyModelConfig
@@ -53,6 +56,7 @@ class RootConfig:
         for f in fields(self):
             require_finite(f.name, getattr(self, f.name))
         self.split()  # raises on a batch split that does not multiply out
+        self._check_vocab()
         if self.parallel.nodes > 1 and self.cluster.name != ClusterKind.slurm:
             raise ConfigError(
                 ["parallel.nodes", "cluster"],
@@ -97,6 +101,21 @@ class RootConfig:
         if self.parallel.replicate is not None:
             return self.parallel.replicate
         return self.parallel.default_replicate()
+
+    def _check_vocab(self) -> None:
+        """model.vocab_size=auto without a tokenizer is the bytes' 256 (data=hf: the tokenizer's,
+        resolved with the data, launcher/data/vocab.py); byte-level data needs all 256."""
+        if not isinstance(self.model, ModelConfig):
+            return
+        if self.model.vocab_size == AUTO and self.data.name != DataKind.hf:
+            self.model.vocab_size = BYTE_VOCAB
+        if self.data.name in BYTE_DATA and self.model.vocab < BYTE_VOCAB:
+            raise ConfigError(
+                "model.vocab_size",
+                f"data={self.data.name.value} is byte-level: it needs at least 256 tokens, got "
+                f"{self.model.vocab}.",
+                "set model.vocab_size=auto (256).",
+            )
 
     def split(self) -> BatchSplit:
         """The resolved batch split (the one function that does batch arithmetic)."""

@@ -11,13 +11,12 @@ these directories too, so `model=my_nett` is still refused with `model=my_net` s
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.config.schema import group_options
 from launcher.errors import ConfigError
+from launcher.user_code import importable_from_cwd
 
 SEARCHPATH_KEY = "hydra.searchpath"
 
@@ -68,8 +67,7 @@ def _searchpath_entries(overrides: list[str]) -> list[str]:
 
 def _package_dir(package: str) -> Path | None:
     """The directory of an importable package (from the working directory or PYTHONPATH)."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as for a user's `_target_`: `launch` lacks the cwd
+    importable_from_cwd()  # as for a user's `_target_`: `launch` lacks the cwd
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):

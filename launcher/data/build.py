@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from launcher.config.data import DataConfig, DataKind
+from launcher.config.model import AnyModelConfig, ModelConfig
 from launcher.config.root import RootConfig
 from launcher.config.sources import absolute
 from launcher.data.custom import CustomDataset
@@ -19,6 +20,7 @@ from launcher.data.mixture import MixtureDataset
 from launcher.data.reverse import ReverseDataset
 from launcher.data.sequence import TokenDataset
 from launcher.data.shards import token_corpus
+from launcher.data.vocab import follow_tokenizer
 
 
 @dataclass
@@ -40,7 +42,7 @@ def _train_source(cfg: DataConfig, seq_len: int, seed: int, vocab: int | None) -
     if cfg.name == DataKind.text:
         return TextDataset(Path(cfg.path), seq_len)
     if cfg.name == DataKind.jsonl:
-        return JsonlDataset(Path(cfg.path), seq_len, cfg.eval_problems)
+        return JsonlDataset(Path(cfg.path), seq_len, cfg.held_out_problems)
     return _file_source("data.path", cfg.path, cfg, seq_len, vocab)
 
 
@@ -97,6 +99,11 @@ def build_dataset(
     return build_datasets(cfg, seq_len, seed, vocab_size).train
 
 
+def model_vocab(cfg: AnyModelConfig) -> int | None:
+    """The built-in GPT's vocabulary (a user model's is found by the plan's probe: None)."""
+    return cfg.vocab if isinstance(cfg, ModelConfig) else None
+
+
 def vocab_of(model: nn.Module) -> int | None:
     """The vocabulary of a built model's output layer, where it can be found (a transformers
     model's output embeddings, or a final nn.Linear named head / lm_head)."""
@@ -120,9 +127,8 @@ def absolute_paths(cfg: DataConfig) -> DataConfig:
 def prepare_data(cfg: RootConfig) -> RootConfig:
     """Before any process starts: paths made absolute, every dataset built once and checked
     (missing files, token files of the wrong size, token ids past model.vocab_size, missing
-    fields, tokenizers that are not; data=hf tokenizes into its cache here). Raises DataError."""
-    cfg = replace(cfg, data=absolute_paths(cfg.data))
-    build_datasets(
-        cfg.data, cfg.model.seq_len, cfg.train.seed, getattr(cfg.model, "vocab_size", None)
-    )
+    fields, tokenizers that are not; data=hf tokenizes into its cache here); model.vocab_size=auto
+    resolved (the tokenizer's with data=hf). Raises DataError."""
+    cfg = follow_tokenizer(replace(cfg, data=absolute_paths(cfg.data)))  # vocab_size=auto
+    build_datasets(cfg.data, cfg.model.seq_len, cfg.train.seed, model_vocab(cfg.model))
     return cfg

@@ -15,6 +15,7 @@ import torch
 
 from launcher.data.sequence import Sample
 from launcher.errors import DataError
+from launcher.user_code import locate
 
 KEY = "data._target_"
 
@@ -42,14 +43,16 @@ class CustomDataset:
         from hydra.utils import instantiate
 
         self.target = target
+        locate(target, KEY)  # from the working directory, as model._target_; else where to run
         try:
             self.base = instantiate({"_target_": target, **args})
-        except Exception as exc:  # import errors, bad arguments: the user's to fix
+        except Exception as exc:  # bad arguments, or the user's own code failing: theirs to fix
             cause = exc.__cause__ or exc
+            first = str(cause).splitlines()[0] if str(cause) else ""
             raise DataError(
-                f"{KEY}: could not build {target} ({type(cause).__name__}: {cause}). Fix: check "
-                "that it imports from the working directory or PYTHONPATH and that data.args "
-                "match its parameters."
+                f"{KEY}: building {target}({', '.join(args)}) failed ({type(cause).__name__}: "
+                f"{first}). Fix: pass the arguments it takes as +data.args.NAME=VALUE (and only "
+                "those), or fix the error in your function."
             ) from None
         for method in ("__len__", "__getitem__"):
             if not hasattr(self.base, method):

@@ -215,6 +215,7 @@ def open_cached(
             f"of {vocab_size}.",
             max(meta["max_id"] + 1, meta["vocab_size"]),
             "use the model's own tokenizer.",
+            tokenizer=True,
         )
     tokens = np.memmap(directory / "tokens.bin", dtype=np.uint32, mode="r")
     mask = np.memmap(directory / "mask.bin", dtype=np.uint8, mode="r") if meta["tuning"] else None

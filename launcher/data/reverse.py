@@ -44,8 +44,8 @@ class ReverseDataset:
     def eval_problems(self) -> list[tuple[bytes, bytes]]:
         rng = random.Random(f"eval:{self.seed}")
         seen: dict[str, None] = {}
-        for _ in range(self.cfg.eval_problems * 20):
-            if len(seen) == self.cfg.eval_problems:
+        for _ in range(self.cfg.held_out_problems * 20):
+            if len(seen) == self.cfg.held_out_problems:
                 break
             seen.setdefault(self._draw(rng, held_out=True))
         return [self.problem(t) for t in seen]

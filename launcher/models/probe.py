@@ -137,7 +137,8 @@ def max_target_id(cfg: RootConfig, model: UserModelConfig, vocab: int) -> int | 
         samples = [dataset[i] for i in range(min(count, PROBE_SAMPLES))]
     except VocabTooSmall as exc:  # said in this model's words
         raise DataError(
-            f"{exc.problem} Fix: {vocab_fix(model, exc.needed)}, or {exc.alternative}"
+            f"{exc.problem} Fix: {vocab_fix(model, exc.needed, exc.tokenizer)}, or "
+            f"{exc.alternative}"
         ) from None
     except LauncherError:
         raise

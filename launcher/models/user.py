@@ -5,9 +5,6 @@ PYTHONPATH. Every failure is a ConfigError naming `model._target_` and the fix."
 from __future__ import annotations
 
 import inspect
-import logging
-import os
-import sys
 from typing import Any
 
 from torch import nn
@@ -15,36 +12,14 @@ from torch import nn
 from launcher.config.model import UserModelConfig
 from launcher.errors import ConfigError
 from launcher.models.output import return_logits
+from launcher.user_code import locate
 
 KEY = "model._target_"
 
 
-def _importable_from_cwd() -> None:
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)  # `launch` is a console script: its sys.path lacks the cwd
-
-
 def locate_target(path: str) -> Any:
     """The class or function `path` names, or a ConfigError saying why it does not import."""
-    from hydra.utils import get_object
-
-    _importable_from_cwd()
-    hydra_log = logging.getLogger("hydra.utils")
-    was = hydra_log.disabled
-    hydra_log.disabled = True  # it logs its own three lines before raising; ours says it once
-    try:
-        return get_object(path)
-    except Exception as exc:  # ImportError, AttributeError, ValueError: all "does not import"
-        cause = exc.__cause__ or exc
-        raise ConfigError(
-            KEY,
-            f"{path!r} does not import ({type(cause).__name__}: {str(cause).splitlines()[0]}).",
-            "give the dotted path of a class or function (package.module.Name), importable from "
-            "the working directory or PYTHONPATH.",
-        ) from None
-    finally:
-        hydra_log.disabled = was
+    return locate(path, KEY)
 
 
 def _accepts(target: Any, name: str) -> bool:

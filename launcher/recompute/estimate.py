@@ -54,7 +54,7 @@ def _gpt(cfg: RootConfig) -> ModelConfig:
 
 def estimate_activations(cfg: RootConfig, micro_size: int, policy: AcPolicy) -> ActivationEstimate:
     m = _gpt(cfg)
-    h, r, a, vocab, n = m.d_model, m.mlp_ratio, m.n_head, m.vocab_size, m.n_layer
+    h, r, a, vocab, n = m.d_model, m.mlp_ratio, m.n_head, m.vocab, m.n_layer
     width = bytes_per_element(cfg.train.precision)
     dropout = m.dropout > 0
     tokens = micro_size * m.seq_len
@@ -106,7 +106,7 @@ def _flops_ratio(cfg: RootConfig, segments: tuple[Segment, ...]) -> float:
     h, r, t = m.d_model, m.mlp_ratio, m.seq_len
     block_mm = 2 * (4 + 2 * r) * h * h
     block_attention = 4 * h * t
-    head = 2 * h * m.vocab_size
+    head = 2 * h * m.vocab
     total = m.n_layer * (3 * block_mm + 3.5 * block_attention) + 3 * head
     skipped = 0 if m.dropout > 0 else 2 * r * h * h
     extra = sum(

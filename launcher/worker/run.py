@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sys
 import traceback
 import warnings
 from pathlib import Path
@@ -15,7 +16,7 @@ from torch import nn
 from launcher.checkpoint.checkpointer import Checkpointer
 from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
-from launcher.data.build import Datasets, build_datasets, vocab_of
+from launcher.data.build import Datasets, build_datasets, model_vocab, vocab_of
 from launcher.data.mixture import MixtureDataset
 from launcher.distributed import (
     DistContext,
@@ -100,7 +101,7 @@ def seed_rank(cfg: RootConfig, rank: int) -> None:
 
 def build_data(cfg: RootConfig, model: nn.Module) -> Datasets:
     """The training (and held-out) data, tokenised for this model's vocabulary."""
-    vocab = getattr(cfg.model, "vocab_size", None) or vocab_of(model)
+    vocab = model_vocab(cfg.model) or vocab_of(model)
     return build_datasets(cfg.data, cfg.model.seq_len, cfg.train.seed, vocab)
 
 
@@ -164,7 +165,12 @@ def train_rank(
     )
     with eager():  # a new shape every decoding step: not worth compiling
         accuracy = exact_match(
-            engine.module, dataset.eval_problems(), cfg.model.seq_len, ctx.device
+            engine.module,
+            dataset.eval_problems(),
+            cfg.model.seq_len,
+            ctx.device,
+            cfg.data,
+            report=sys.stdout if ctx.is_main else None,
         )
     shape = RunShape(
         world_size=ctx.world_size,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -98,6 +99,10 @@ def test_default_job_writes_every_output(tmp_path: Path) -> None:
     assert summary.keys() >= SUMMARY_KEYS
     assert summary["steps"] == 10 and summary["world_size"] == 1
     assert 0.0 <= summary["eval_accuracy"] <= 1.0
+    # The exact-match evaluation says what it decodes, the key that sets it, and its progress.
+    said = "eval: exact match of greedy decoding on 256 held-out problems (data.eval_problems=N"
+    assert said in out
+    assert re.search(r"^eval 256/256 problems, ", out, re.MULTILINE)
 
 
 def test_micro_batch_split_gives_the_same_curve(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from tests.helpers import REPO, run_launch
 
 pytestmark = pytest.mark.e2e
 
-OVERRIDE = re.compile(r"(?<![\w.+])(\+?[a-z_]+(?:\.[a-z_]+)+=[^\s,;()]+)")
+OVERRIDE = re.compile(r"(?<![\w.+])(\+{0,2}[a-z_]+(?:\.[a-z_]+)+=[^\s,;()]+)")
 CHOICES = re.compile(r"(\+?[a-z_]+(?:\.[a-z_]+)+) in \{([^}]*)\}")
 
 
@@ -34,12 +34,14 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fixes")
     big = root / "big.bin"
     np.array([1, 2, 300] * 40, dtype=np.uint16).tofile(big)  # a token id past 256
-    return {"big": big}
+    return {"big": big, "example": REPO / "examples" / "own_project" / "data"}
 
 
 def _cases(d: dict[str, Path]) -> dict[str, list[str]]:
     tokens = ["data=tokens", f"data.path={d['big']}"]
     tiny = ["model.seq_len=16"]
+    example = d.get("example", Path())
+    hf = ["data=hf", f"data.path={example}/corpus.jsonl", f"data.tokenizer={example}/tokenizer"]
     return {
         "builtin_tokens": [*tokens, *tiny],
         "hf_config_tokens": [
@@ -52,6 +54,16 @@ def _cases(d: dict[str, Path]) -> dict[str, list[str]]:
             *tokens,
             "model=custom",
             "model._target_=tests.fixtures.models.TinyLM",
+            *tiny,
+        ],
+        # A tokenizer of 512 tokens and a vocabulary set too small on purpose (unset, it
+        # follows the tokenizer): the fix's key differs by model, each works as printed.
+        "builtin_hf": [*hf, "model.vocab_size=300", *tiny],
+        "hf_config_hf": [
+            *hf,
+            "model=hf",
+            f"model.config={REPO}/tests/fixtures/tiny_llama.json",
+            "+model.vocab_size=300",
             *tiny,
         ],
         "batch_split": ["parallel.dp=3", "batch.global_size=4"],

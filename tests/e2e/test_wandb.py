@@ -120,6 +120,20 @@ def test_offline_run_holds_the_metrics_and_a_resumed_run_continues_it(tmp_path: 
     for line, row in zip(metrics, history, strict=True):
         assert {k: row[k] for k in line} == line  # the same numbers as metrics.jsonl
 
+    # Started over in the same directory: step 1 again, so a new wandb run (issue 33, item 6:
+    # the old id was kept and the new run logged into the old one).
+    fresh = ["train.resume=never", "checkpoint.overwrite=true", "train.steps=2"]
+    proc = run_launch([*args, *fresh], run_dir)
+    new_id = (run_dir / "wandb" / "run_id.txt").read_text().strip()
+    assert new_id != run_id and f"wandb run {new_id} (offline)" in proc.stdout
+    assert read_summary(run_dir)["wandb_run_id"] == new_id
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2]
+    [new_run] = [r for r in offline_runs(run_dir) if not r.name.endswith(f"-{run_id}")]
+    assert new_run.name.endswith(f"-{new_id}")
+    rows = wandb_history(read_wandb_records(new_run / f"run-{new_id}.wandb"))
+    assert [row["step"] for row in rows] == [1, 2]
+    assert len(offline_runs(run_dir)) == 3  # the earlier run's files stay
+
 
 @pytest.mark.multiproc
 def test_two_ranks_one_wandb_run_and_every_key(tmp_path: Path) -> None:

@@ -191,8 +191,24 @@ def test_resume_never_refuses_to_overwrite_unless_told(ctx: DistContext, tmp_pat
     assert err.value.keys == ["train.resume", "checkpoint.overwrite"]
     overwrite = config(train={"resume": "never"}, checkpoint={"overwrite": True})
     check_resume(overwrite, tmp_path)
+    run_id = tmp_path / "wandb" / "run_id.txt"
+    run_id.parent.mkdir()
+    run_id.write_text("0123abcd\n")
     start_fresh(overwrite, tmp_path)
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.jsonl").exists()
+    assert not run_id.exists()  # starting over is a new wandb run
+
+
+def test_resume_never_is_a_new_wandb_run(tmp_path: Path) -> None:
+    """Nothing to overwrite (no checkpoint), but training starts at step 1: a new wandb run;
+    a resumable start keeps the id (a requeued job continues its wandb run)."""
+    run_id = tmp_path / "wandb" / "run_id.txt"
+    run_id.parent.mkdir()
+    run_id.write_text("0123abcd\n")
+    start_fresh(config(), tmp_path)
+    assert run_id.read_text() == "0123abcd\n"
+    start_fresh(config(train={"resume": "never"}), tmp_path)
+    assert not run_id.exists() and run_id.parent.is_dir()
 
 
 def test_resume_path_must_be_a_complete_checkpoint(tmp_path: Path) -> None:

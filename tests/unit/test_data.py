@@ -30,7 +30,7 @@ def test_reverse_is_deterministic_and_eval_is_held_out() -> None:
     a, b = build_dataset(DataConfig(), SEQ, 0), build_dataset(DataConfig(), SEQ, 0)
     assert all(bool((a[i].input_ids == b[i].input_ids).all()) for i in range(20))
     problems = a.eval_problems()
-    assert len(problems) == DataConfig().eval_problems
+    assert len(problems) == DataConfig().held_out_problems == 256
     assert all(is_held_out(p.decode()[:-1]) for p, _ in problems)
     train_texts = {
         bytes(t for t in a[i].input_ids.tolist() if t).decode().split("|")[0] for i in range(2000)

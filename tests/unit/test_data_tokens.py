@@ -14,7 +14,7 @@ from launcher.data import IGNORE_INDEX
 from launcher.data.build import build_datasets
 from launcher.data.sampler import GlobalBatchSampler
 from launcher.data.sequence import collate
-from launcher.errors import DataError
+from launcher.errors import DataError, LauncherError
 from launcher.training.evaluation import eval_chunks
 from tests.data_sources import write_tokens
 
@@ -135,13 +135,13 @@ def test_custom_dataset_by_target() -> None:
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ("tests.data_sources.no_such_function", "could not build"),
-        ("no_such_package.make", "could not build"),
+        ("tests.data_sources.no_such_function", "does not import"),
+        ("no_such_package.make", "run launch from the directory that holds no_such_package/"),
         ("tests.data_sources.not_a_mapping", '"input_ids" and "labels"'),
     ],
 )
 def test_custom_dataset_errors(target: str, message: str) -> None:
-    with pytest.raises(DataError) as info:
+    with pytest.raises(LauncherError) as info:
         build_datasets(custom_cfg(target), SEQ, 0)
     assert "data._target_" in str(info.value) and message in str(info.value)
 

@@ -50,7 +50,7 @@ def test_mfu_by_hand() -> None:
 def test_formula_matches_counted_flops() -> None:
     """FlopCounterMode's count of one forward + backward, against the formula's terms."""
     model = GPT(SHAPE)
-    batch, (d, layers, heads, t, v) = 2, (64, 2, 2, 64, SHAPE.vocab_size)
+    batch, (d, layers, heads, t, v) = 2, (64, 2, 2, 64, SHAPE.vocab)
     idx = torch.randint(0, v, (batch, t))
     # The math backend runs attention as matmuls the counter sees (fused CPU kernels it does not).
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:

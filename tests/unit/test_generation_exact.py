@@ -4,12 +4,15 @@ gives); sampled output depends only on the request's own seed."""
 
 from __future__ import annotations
 
+import io
 import random
+import re
 
 import pytest
 import torch
 from torch import nn
 
+from launcher.config.data import DataConfig
 from launcher.config.model import ModelConfig
 from launcher.models.gpt import GPT
 from launcher.serve.adapters import GPTAdapter, RecomputeAdapter, adapter_for
@@ -205,3 +208,47 @@ def test_exact_match_counts_greedy_answers(model: GPT) -> None:
             answer = [(answer[0] + 1) % 256, *answer[1:]]
         problems.append((bytes(prompt), bytes(answer)))
     assert exact_match(model, problems, CONTEXT, torch.device("cpu")) == 6 / 9
+
+
+class NoCache(nn.Module):
+    """A user model as the evaluation sees it: forward(input_ids) -> logits, no KV cache."""
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__()
+        self.inner = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.inner(input_ids)
+
+
+def _evaluate(model: nn.Module, problems: list, data: DataConfig) -> list[str]:
+    from launcher.worker.evaluate import exact_match
+
+    report = io.StringIO()
+    exact_match(model, problems, CONTEXT, torch.device("cpu"), data, report=report)
+    return report.getvalue().splitlines()
+
+
+def test_the_evaluation_says_what_it_scores_and_shows_progress(model: GPT) -> None:
+    """Issue 33, item 6: it was silent (195 s for a user model) and did not name
+    data.eval_problems; without a KV cache the default is bounded (32 problems)."""
+    problems = [(bytes(p), bytes([1] * n)) for p, n in workload(40, seed=5)]
+    cached = _evaluate(model, problems, DataConfig())
+    assert cached[0] == (
+        "eval: exact match of greedy decoding on 40 held-out problems "
+        "(data.eval_problems=N sets how many)"
+    )
+    done = [int(re.fullmatch(r"eval (\d+)/40 problems, .*", line)[1]) for line in cached[1:]]
+    assert 3 <= len(done) <= 10 and done == sorted(done) and done[-1] == 40  # about every tenth
+
+    slow = _evaluate(NoCache(model), problems, DataConfig())
+    assert slow[0].startswith("eval: exact match of greedy decoding on 32 of 40 held-out problems;")
+    assert "without a KV cache" in slow[0] and "data.eval_problems=N" in slow[0]
+    assert slow[-1].startswith("eval 32/32 problems,")
+
+    chosen = _evaluate(NoCache(model), problems, DataConfig(eval_problems=5))
+    assert chosen[0] == (
+        "eval: exact match of greedy decoding on 5 of 40 held-out problems "
+        "(data.eval_problems=N sets how many)"
+    )
+    assert chosen[-1].startswith("eval 5/5 problems,")
