@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from launcher.data.build import vocab_of as output_vocab
 from launcher.models.gpt import GPT
 from launcher.models.output import logits_of
 
@@ -210,7 +211,7 @@ def vocab_of(model: nn.Module) -> int | None:
         size = getattr(config, "vocab_size", None)
         if isinstance(size, int):
             return size
-    return None
+    return output_vocab(model)  # a built-in GPT built with vocab_size=auto: its output layer
 
 
 def adapter_for(
