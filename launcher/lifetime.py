@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 
 from launcher.errors import LauncherError
 from launcher.rundir import LOCK_FILE
+from launcher.userpath import open_own
 
 _PR_SET_PDEATHSIG = 1
 AGENT_PID_ENV = "LAUNCHER_AGENT_PID"
@@ -66,7 +67,7 @@ class RunLock:
     def acquire(self) -> RunLock:
         """Take the lock or raise RunDirectoryBusy naming the holder. Never blocks."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_own(self.path, flags=os.O_RDWR, mode=0o644)  # never through a link
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -19,10 +19,11 @@ from launcher.errors import ConfigError
 from launcher.lifetime import RunLock
 from launcher.logs import get_logger
 from launcher.plan import Plan, build_plan
-from launcher.rundir import CONFIG_FILE, HYDRA_DIR, PLAN_FILE, STARTED_MARKS
+from launcher.rundir import CONFIG_FILE, HYDRA_DIR, PLAN_FILE, STARTED_MARKS, check_own_files
 from launcher.runners import Runner, runner_for
 from launcher.secrets import REDACTED, changed_keys, redact_tree, redactor_for
 from launcher.tracking.wandb_run import check_wandb
+from launcher.userpath import replace_own
 
 log = get_logger("launch")
 
@@ -73,15 +74,13 @@ def write_run_files(cfg: RootConfig, run_dir: Path, plan: Plan) -> None:
             f"{', '.join(redacted)}: holds a credential, written to {CONFIG_FILE} as {REDACTED} "
             "(the ranks read that file too). Fix: pass credentials through the environment."
         )
-    (run_dir / CONFIG_FILE).write_text(secrets.text(to_yaml(cfg)), encoding="utf-8")
+    replace_own(run_dir / CONFIG_FILE, secrets.text(to_yaml(cfg)))
     plan_json = json.dumps(secrets.data(plan.to_json()), indent=2)
-    (run_dir / PLAN_FILE).write_text(plan_json + "\n", encoding="utf-8")
+    replace_own(run_dir / PLAN_FILE, plan_json + "\n")
     redact_tree(run_dir / HYDRA_DIR, secrets)  # Hydra's copies of the config and overrides
     for name, text in plan.files.items():  # redacted already, by build_plan
-        path = run_dir / name
-        path.write_text(text, encoding="utf-8")
-        if text.startswith("#!"):
-            path.chmod(0o755)  # a script (train.sbatch)
+        # a script (train.sbatch): executable
+        replace_own(run_dir / name, text, bits=0o755 if text.startswith("#!") else None)
 
 
 def prepare_run(
@@ -94,6 +93,7 @@ def prepare_run(
     cfg = check_environment(cfg, runner)
     cfg = check_wandb(cfg)
     lock.acquire()  # before reading what is there: another run may be writing it
+    check_own_files(run_dir)  # a link where the launcher writes its files: refused, nothing written
     if dry_run:
         refuse_started_run(run_dir)
     cfg = check_resume(cfg, run_dir)  # a refused resume fails here, before anything is written

@@ -30,6 +30,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from launcher.userpath import refuse_link, replace_own
+
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
 DS_CONFIG_FILE = "ds_config.json"
@@ -53,6 +55,13 @@ MULTIRUN_FILE = "multirun.yaml"
 SWEEP_CSV, SWEEP_MD, SWEEP_PNG = "sweep_summary.csv", "sweep_summary.md", "sweep_summary.png"
 
 _RANK_ERROR_PREFIX = "error_rank"
+
+OWN_FILES = (
+    *(CONFIG_FILE, PLAN_FILE, DS_CONFIG_FILE, SBATCH_FILE, VERIFY_SBATCH_FILE, CERTIFICATE_FILE),
+    *(METRICS_FILE, SUMMARY_FILE, STOPPED_FILE, ERROR_FILE, RANK_FAILURES_FILE, LOCK_FILE),
+    f"{WANDB_DIR}/{WANDB_RUN_ID_FILE}",
+)
+"""The files the launcher writes into a run directory by these names (a link there is refused)."""
 
 STARTED_MARKS = (METRICS_FILE, CHECKPOINTS_DIR)
 """Files whose presence means a run has started training in the directory."""
@@ -84,6 +93,16 @@ def rank_error_files(run_dir: Path) -> list[tuple[str, Path]]:
     return sorted(found, key=lambda item: int(item[0]) if item[0].isdigit() else -1)
 
 
+def check_own_files(run_dir: Path) -> None:
+    """Before anything is written: one ConfigError for a symbolic link where the launcher writes a
+    file of its own (launcher/userpath/own.py). A link to a directory is followed."""
+    per_node = sorted(run_dir.glob(rank_failures_file(run_dir, "*").name))
+    for path in [*(run_dir / name for name in OWN_FILES), *per_node]:
+        refuse_link(path)
+    for _, path in rank_error_files(run_dir):
+        refuse_link(path)
+
+
 def clear_rank_errors(run_dir: Path) -> None:
     for _, path in rank_error_files(run_dir):
         path.unlink(missing_ok=True)
@@ -94,9 +113,7 @@ def clear_rank_errors(run_dir: Path) -> None:
 
 def write_stopped(run_dir: Path, step: int, checkpoint: Path | None, reason: str | None) -> None:
     info = {"step": step, "checkpoint": str(checkpoint) if checkpoint else None, "signal": reason}
-    tmp = run_dir / (STOPPED_FILE + ".tmp")
-    tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(run_dir / STOPPED_FILE)
+    replace_own(run_dir / STOPPED_FILE, json.dumps(info, indent=2) + "\n")
 
 
 def read_stopped(run_dir: Path) -> dict[str, Any] | None:

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from launcher.userpath import replace_own
+
 REDACTED = "REDACTED"
 """The replacement: a plain word, safe in YAML, JSON and shell scripts alike."""
 MIN_SECRET_LEN = 8
@@ -193,10 +195,13 @@ def _same(before: Any, after: Any) -> bool:
 
 
 def redact_file(path: Path, redactor: Redactor | None = None) -> bool:
-    """Rewrite a text file in place without its secrets; True when something was removed.
+    """Rewrite a text file without its secrets (replaced whole, its permission bits kept); True
+    when something was removed. A symbolic link is left alone: never written through.
 
     Without a redactor: the environment's secrets and those assigned inside the file.
     """
+    if path.is_symlink():
+        return False
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -204,12 +209,13 @@ def redact_file(path: Path, redactor: Redactor | None = None) -> bool:
     clean = (redactor_for(text) if redactor is None else redactor).text(text)
     if clean == text:
         return False
-    path.write_text(clean, encoding="utf-8")
+    replace_own(path, clean)
     return True
 
 
 def redact_tree(directory: Path, redactor: Redactor | None = None) -> list[Path]:
-    """redact_file on every file under `directory` (if it exists); the files that changed."""
-    if not directory.is_dir():
+    """redact_file on every file under `directory` (if it exists); the files that changed. Links
+    are not followed: not the directory itself, nor a file or directory under it."""
+    if directory.is_symlink() or not directory.is_dir():
         return []
     return [p for p in sorted(directory.rglob("*")) if p.is_file() and redact_file(p, redactor)]

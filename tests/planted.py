@@ -1,5 +1,5 @@
 """Files a user left beside an output path, and the proof that a command writing that path did not
-touch them (launcher/userpath.py's rule: nothing else in the directory is read, written, renamed
+touch them (launcher/userpath's rule: nothing else in the directory is read, written, renamed
 or deleted). A planted `FILE.partial` is a regular file, or a symbolic link to a file elsewhere."""
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from launcher.errors import ConfigError
 from launcher.integrity.digests import file_digest
 from launcher.logs import get_logger
 from launcher.rundir import CHECKPOINTS_DIR
+from launcher.userpath import open_own
 
 log = get_logger("checkpoint")
 
@@ -216,7 +217,8 @@ def resume_candidates(
 
 
 def write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    """A new file of the save, never through a link (O_NOFOLLOW: a link there is refused)."""
+    with open(open_own(path, flags=os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

@@ -33,6 +33,7 @@ from launcher.data.sequence import TokenDataset
 from launcher.data.tokenizer import LocalTokenizer, load_tokenizer, require
 from launcher.errors import DataError, VocabTooSmall
 from launcher.logs import get_logger
+from launcher.userpath import open_own
 
 log = get_logger("data")
 
@@ -187,7 +188,7 @@ def prepare(key: str, path_text: str, cfg: DataConfig) -> tuple[Path, bool]:
     root = cache_root(cfg)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{path.stem}-{digest}"
-    with open(root / f"{final.name}.lock", "w") as lock:
+    with open(open_own(root / f"{final.name}.lock", "data.cache_dir"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the first process builds; the others wait here
         if (final / "meta.json").is_file():
             return final, False

@@ -2,7 +2,7 @@
 when complete, so an interrupted export never leaves a half-written directory under the name
 asked for, and never destroys what was there. Only a real directory is ever replaced (with
 export.overwrite=true), keeping its permission bits; a symlink, a device or a file given as
---output is refused. (The rule for user-named files is launcher/userpath.py; a directory output
+--output is refused. (The rule for user-named files is launcher/userpath; a directory output
 has its own here, with the same hidden `.NAME.partial-` naming and nothing else touched.)
 
 The hidden siblings, what a killed export leaves of them and the lock that keeps two exports to

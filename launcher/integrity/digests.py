@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
-from launcher.host import cache_dir
+from launcher.errors import ConfigError
+from launcher.host import CACHE_ENV, cache_dir
+from launcher.userpath import replace_own
 
 CACHE_FILE = "digests.json"
 _CHUNK = 1 << 20
@@ -55,10 +56,8 @@ def _write_cache(data: dict[str, list[object]]) -> None:
     path = _cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{CACHE_FILE}.{os.getpid()}")
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        tmp.replace(path)  # ours, in the launcher's cache directory
-    except OSError:
+        replace_own(path, json.dumps(data), CACHE_ENV)  # a hidden random temporary, renamed
+    except (OSError, ConfigError):  # unwritable, or a link there (never written through)
         pass  # an unwritable cache only means the next launch reads the files again
 
 

@@ -28,6 +28,7 @@ from torch.distributed.run import parse_args, run
 
 from launcher.lifetime import AGENT_PID_ENV
 from launcher.rundir import rank_error_files
+from launcher.userpath import replace_own
 
 
 def handles_signals_option() -> bool:
@@ -101,7 +102,7 @@ def run_agent(args: list[str]) -> list[RankFailure]:
 
 def write_failures(path: Path, failures: list[RankFailure]) -> None:
     records = [{**dataclasses.asdict(f), "signal": f.signal} for f in failures]
-    path.write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
+    replace_own(path, json.dumps(records, indent=2) + "\n")
 
 
 def _last_line(path: Path) -> str:

@@ -34,6 +34,7 @@ from launcher.rundir import (
 from launcher.runners.base import Runner
 from launcher.runners.slurm_verify import verify_step
 from launcher.secrets import redactor_for
+from launcher.userpath import replace_own
 
 if TYPE_CHECKING:
     from launcher.plan import Plan
@@ -199,8 +200,7 @@ class SlurmRunner(Runner):
         """Write verify.sbatch, submit it and wait for the job: the split runs in the allocation,
         the certificate is written on its batch host."""
         path = run_dir.resolve() / VERIFY_SBATCH_FILE
-        path.write_text(render_sbatch(cfg, run_dir, verify_only=True), encoding="utf-8")
-        path.chmod(0o755)
+        replace_own(path, render_sbatch(cfg, run_dir, verify_only=True), bits=0o755)
         waiting = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, wait=True))
         code = submit(waiting, run_dir, ["sbatch", "--parsable", "--wait", str(path)])
         certificate = run_dir / CERTIFICATE_FILE

@@ -118,7 +118,7 @@ def generate_main(argv: list[str]) -> int:
 
 
 def _generate_to_file(engine: Any, requests: Any, path: Path, generate: Any) -> None:
-    """--output FILE by launcher/userpath.py's rule: a regular file (or a link's file) replaced
+    """--output FILE by launcher/userpath's rule: a regular file (or a link's file) replaced
     when every request is answered, with its permission bits; a FIFO, a device or a descriptor's
     name written in place."""
     from launcher.userpath import open_output

@@ -13,6 +13,7 @@ from launcher.config.root import RootConfig
 from launcher.logs import get_logger
 from launcher.rundir import ERROR_FILE, HYDRA_DIR, MULTIRUN_FILE, rank_error_files
 from launcher.secrets import redact, redact_file, redact_tree
+from launcher.userpath import replace_own
 
 log = get_logger("sweep")
 
@@ -56,7 +57,7 @@ def record_failure(run_dir: Path, reason: str, details: str = "") -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     one_line = " ".join(reason.split())
     text = one_line + "\n" + (f"\n{details.rstrip()}\n" if details else "")
-    (run_dir / ERROR_FILE).write_text(redact(text), encoding="utf-8")
+    replace_own(run_dir / ERROR_FILE, redact(text))
 
 
 def record_crash(run_dir: Path, exc: Exception) -> int:

@@ -1,6 +1,6 @@
 """Write a sweep's summary files: the CSV table, the Markdown report and the loss-curve plot.
 
-They go into the sweep directory the user named, by launcher/userpath.py's rule (each replaced
+They go into the sweep directory the user named, by launcher/userpath's rule (each replaced
 whole when complete, its permission bits kept, a link written through, nothing else touched)."""
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from launcher.tracking.flops import (
 from launcher.tracking.metrics import METRIC_KEYS, RunTotals, StepMetrics
 from launcher.tracking.progress import Progress
 from launcher.tracking.summary import RunShape, RunSummary
+from launcher.userpath import open_own, replace_own
 
 if TYPE_CHECKING:
     from launcher.config.root import RootConfig
@@ -90,7 +91,8 @@ class Tracker:
         progress line; the loop's StepClock reads compile_clock around each step)."""
         if enabled:
             # Appended: a resumed run continues the same file (after `rewind`).
-            self._metrics = open(run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
+            metrics = open_own(run_dir / METRICS_FILE)  # never through a link
+            self._metrics = open(metrics, "a", encoding="utf-8")  # noqa: SIM115
 
     def rewind(self, step: int) -> None:
         """A resume from the checkpoint of `step`: drop the lines of later steps (redone after a
@@ -108,10 +110,8 @@ class Tracker:
                         kept.append(line + "\n")
                 except (ValueError, KeyError, TypeError):
                     continue  # a line cut short by the crash
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        tmp.replace(path)
-        self._metrics = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        replace_own(path, "".join(kept))
+        self._metrics = open(open_own(path), "a", encoding="utf-8")  # noqa: SIM115
 
     def _mfu(self, positions: int, seconds: float) -> float | None:
         return self.meter.mfu(positions, seconds) if self.meter is not None else None
@@ -191,9 +191,7 @@ class Tracker:
         if not self.enabled:
             return values
         path = self.run_dir / SUMMARY_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        replace_own(path, json.dumps(values, indent=2) + "\n")
         if self.wandb is not None:
             self.wandb.finish(values)
             self.wandb = None

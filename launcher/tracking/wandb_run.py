@@ -27,6 +27,7 @@ from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.rundir import WANDB_DIR, WANDB_RUN_ID_FILE
 from launcher.secrets import Redactor, redact, redactor_for
+from launcher.userpath import refuse_link, replace_own
 
 log = get_logger("wandb")
 
@@ -99,13 +100,14 @@ def check_wandb(cfg: RootConfig) -> RootConfig:
 def run_id(run_dir: Path) -> str:
     """The run directory's wandb run id: read when present, else created and stored."""
     path = run_dir / WANDB_DIR / WANDB_RUN_ID_FILE
+    refuse_link(path)  # neither read nor written through a link
     if path.is_file():
         stored = path.read_text(encoding="utf-8").strip()
         if stored:
             return stored
     path.parent.mkdir(parents=True, exist_ok=True)
     new = uuid.uuid4().hex[:12]
-    path.write_text(new + "\n", encoding="utf-8")
+    replace_own(path, new + "\n")
     return new
 
 

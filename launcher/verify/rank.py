@@ -27,6 +27,7 @@ from launcher.secrets import redact
 from launcher.tracking.metrics import StepMetrics
 from launcher.tracking.tracker import Tracker
 from launcher.training.loop import Trainer
+from launcher.userpath import replace_own
 from launcher.verify.grads import full_gradients, running_statistics
 from launcher.verify.results import GRADS_FILE, STATS_FILE, write_steps
 from launcher.worker.compile import compile_errors
@@ -104,7 +105,7 @@ def run_verify_rank(cfg: RootConfig, out_dir: Path) -> int:
         return 0
     except BaseException:
         if ctx.world_size > 1:
-            rank_error_file(out_dir, ctx.rank).write_text(redact(traceback.format_exc()))
+            replace_own(rank_error_file(out_dir, ctx.rank), redact(traceback.format_exc()))
         raise
     finally:
         teardown_distributed()

@@ -10,6 +10,7 @@ from typing import Any
 
 from launcher.config.root import RootConfig
 from launcher.engines import engine_spec
+from launcher.userpath import replace_own
 from launcher.verify.compare import Comparison
 from launcher.verify.diagnose import Finding
 from launcher.verify.results import CERTIFICATE_FILE, RunResult
@@ -131,5 +132,5 @@ def _finite(data: Any) -> Any:
 def write_certificate(run_dir: Path, certificate: Certificate) -> Path:
     path = run_dir / CERTIFICATE_FILE
     text = json.dumps(_finite(certificate.to_json()), indent=2, allow_nan=False)
-    path.write_text(text + "\n", encoding="utf-8")
+    replace_own(path, text + "\n")
     return path

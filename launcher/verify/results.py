@@ -20,6 +20,7 @@ import torch
 from launcher.config.batch import BatchSplit
 from launcher.rundir import CERTIFICATE_FILE as CERTIFICATE_FILE  # verify.json, named there
 from launcher.tracking.metrics import StepMetrics
+from launcher.userpath import replace_own
 
 VERIFY_DIR = "verify"
 SPLIT_DIR, REFERENCE_DIR, REPEAT_DIR = "split", "reference", "reference2"
@@ -58,7 +59,7 @@ def write_steps(
         "world_size": world_size,
         "steps": [asdict(s) for s in steps],
     }
-    (out_dir / STEPS_FILE).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    replace_own(out_dir / STEPS_FILE, json.dumps(data, indent=2) + "\n")
 
 
 def read_result(out_dir: Path) -> RunResult:

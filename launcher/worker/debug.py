@@ -17,6 +17,7 @@ from launcher.config.root import RootConfig
 from launcher.rundir import SAVE_PAUSED_FILE
 from launcher.training.hooks import StepCallback
 from launcher.training.loss import LossFn, per_micro_batch_mean, token_exact_loss
+from launcher.userpath import replace_own
 
 
 class RaiseAtStep:
@@ -68,7 +69,7 @@ class PauseSave:
     def __call__(self, step: int) -> None:
         if step != self.at:
             return
-        (self.run_dir / SAVE_PAUSED_FILE).write_text(json.dumps({"step": step}) + "\n")
+        replace_own(self.run_dir / SAVE_PAUSED_FILE, json.dumps({"step": step}) + "\n")
         threading.Event().wait()
 
 

@@ -40,6 +40,7 @@ from launcher.tracking.summary import RunEnd, RunShape, StoppedRun
 from launcher.tracking.tracker import peak_memory_bytes, start_tracking
 from launcher.training.evaluation import Evaluator
 from launcher.training.loop import Trainer
+from launcher.userpath import replace_own
 from launcher.worker.compile import (
     EagerWhileMeasured,
     compile_blocks,
@@ -229,7 +230,7 @@ def run_worker(cfg: RootConfig, run_dir: Path) -> RunEnd:
         except BaseException:
             if ctx.world_size > 1:
                 # Leave the rank's error where the launcher can name it.
-                rank_error_file(run_dir, ctx.rank).write_text(redact(traceback.format_exc()))
+                replace_own(rank_error_file(run_dir, ctx.rank), redact(traceback.format_exc()))
             raise
         finally:
             teardown_distributed()

@@ -1,4 +1,4 @@
-"""`launch generate --output FILE` by launcher/userpath.py's rule (issue 33, item 4): a planted
+"""`launch generate --output FILE` by launcher/userpath's rule (issue 33, item 4): a planted
 FILE.partial (a file, or a link to a file elsewhere) is untouched; a 0600 FILE stays 0600; a link
 is written through to its file; a dangling link, a directory, a missing parent is one line and
 exit 2 before the model loads; a kill mid-write leaves the old FILE as it was."""

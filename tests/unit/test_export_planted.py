@@ -2,7 +2,7 @@
 DIR.partial (a file, or a link to a file elsewhere) is untouched by an export and by one that
 replaces DIR; a replaced directory keeps its permission bits; a dangling link as --output is one
 error before anything. The directory writer is launcher/export/output.py; files follow
-launcher/userpath.py (tests/unit/test_userpath.py)."""
+launcher/userpath (tests/unit/test_userpath.py)."""
 
 from __future__ import annotations
 

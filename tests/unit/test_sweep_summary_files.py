@@ -1,5 +1,5 @@
 """The sweep summary files (sweep_summary.csv, .md, .png in the sweep directory the user names)
-follow launcher/userpath.py's rule: nothing planted beside them is touched, a file's permission
+follow launcher/userpath's rule: nothing planted beside them is touched, a file's permission
 bits are kept, a link is written through, and a name that cannot be written is one error before
 any of the three is written."""
 

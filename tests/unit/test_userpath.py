@@ -1,4 +1,4 @@
-"""The one writer of user-named files (launcher/userpath.py): a temporary file of its own beside
+"""The one writer of user-named files (launcher/userpath): a temporary file of its own beside
 the target, renamed over it; the replaced file's permission bits; a link written through to its
 file; special files in place; one error for what cannot be written, before anything; nothing
 else in the directory touched. The commands that use it: tests/e2e/test_generate_output_file.py,

@@ -1,7 +1,5 @@
-"""The one writer of every file a user names (`launch generate --output FILE`, the sweep summary
-files in the sweep directory the user names), and its preflight check.
-
-The rule, as docs/development.md states it:
+"""Files a user names (`launch generate --output FILE`, the sweep summaries in the sweep
+directory the user names): the one writer and its preflight check, by this rule:
 
 - A regular file (or a new name) is written into a new hidden temporary file beside it,
   `.NAME.partial-XXXXXXXX` (created with O_EXCL and O_NOFOLLOW, an unpredictable suffix: never
@@ -60,7 +58,7 @@ class OutputTarget:
     descriptor: int | None = None
 
 
-def _q(path: Path | str) -> str:
+def quoted(path: Path | str) -> str:
     return shlex.quote(str(path))
 
 
@@ -110,7 +108,7 @@ def check_output_file(path: Path | str, key: str) -> OutputTarget:
             raise ConfigError(
                 key,
                 f"{path} is a symbolic link to {os.readlink(path)}, which does not exist.",
-                f"give another path, or remove the link first: rm {_q(path)}",
+                f"give another path, or remove the link first: rm {quoted(path)}",
             )
         if _system_name(path):
             raise ConfigError(
@@ -125,8 +123,8 @@ def check_output_file(path: Path | str, key: str) -> OutputTarget:
         raise ConfigError(
             key,
             f"{path} is a directory.",
-            f"give a file path, or move the directory away first: mv {_q(path)} "
-            f"{_q(str(path).rstrip('/') + '.old')}",
+            f"give a file path, or move the directory away first: mv {quoted(path)} "
+            f"{quoted(str(path).rstrip('/') + '.old')}",
         )
     if stat.S_ISREG(status.st_mode) and not _system_name(path):
         target = Path(os.path.realpath(path))  # a link: its file is replaced, as `>` writes it
@@ -143,7 +141,7 @@ def _check_parent(target: Path, key: str) -> None:
         status = os.stat(parent)
     except FileNotFoundError:
         raise ConfigError(
-            key, f"the directory {parent} does not exist.", f"mkdir -p {_q(parent)}"
+            key, f"the directory {parent} does not exist.", f"mkdir -p {quoted(parent)}"
         ) from None
     except OSError as exc:
         raise ConfigError(
@@ -248,12 +246,15 @@ def open_output(
         with open(target.path, mode, **text) as out:
             yield out
         return
-    with _replacing(target.path, key, mode, text) as out:
+    with replacing(target.path, key, mode, text) as out:
         yield out
 
 
 @contextlib.contextmanager
-def _replacing(target: Path, key: str, mode: str, text: dict[str, Any]) -> Iterator[IO[Any]]:
+def replacing(
+    target: Path, key: str, mode: str, text: dict[str, Any], bits: int | None = None
+) -> Iterator[IO[Any]]:
+    """`target` replaced by a new hidden file of its own, renamed over it (never followed)."""
     directory_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         limit = _name_max(target.parent)
@@ -263,6 +264,8 @@ def _replacing(target: Path, key: str, mode: str, text: dict[str, Any]) -> Itera
                 yield out
                 out.flush()
                 _take_over_mode(out.fileno(), target.name, directory_fd)
+                if bits is not None:
+                    os.fchmod(out.fileno(), bits)
                 os.fsync(out.fileno())
             os.rename(temp, target.name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
         except BaseException:
