@@ -5,7 +5,11 @@ the data identity that the final checkpoint records), the second only stats it.
 
 Each round starts with a fresh, empty cache directory ($LAUNCHER_CACHE_DIR), so every round has
 one first and one second launch per size. Reported: the median wall time until the first step is
-logged (`step 1/`), and of the whole command (one step, one checkpoint), for each.
+logged (`step 1/`), of the whole command (one step, one checkpoint), and the command's CPU time
+(user + system, its in-process worker included: the figure a loaded machine disturbs least).
+
+model.seq_len=1024 (--seq-len): 1e9 tokens are about 1M samples. The sample order is a separate
+cost that grows with the number of samples (issue 32's sampler part, not measured here).
 
     .venv/bin/python -m benchmarks.startup_scale [--rounds 3] [--sizes 1e7 1e9] [--json out.json]
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -27,6 +32,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 1 << 24
+TIMES = ("to_step_s", "wall_s", "cpu_s")
 
 
 def write_corpus(path: Path, tokens: int) -> None:
@@ -40,13 +46,14 @@ def write_corpus(path: Path, tokens: int) -> None:
             left -= n
 
 
-def launch(corpus: Path, run_dir: Path, cache: Path) -> dict[str, float | bool]:
+def launch(corpus: Path, run_dir: Path, cache: Path, seq_len: int) -> dict[str, float | bool]:
     argv = [sys.executable, "-m", "launcher.cli", "train", "model=tiny", "data=tokens"]
+    argv += [f"model.seq_len={seq_len}", "batch.global_size=8"]
     argv += [f"data.path={corpus}", "train.steps=1", "wandb.mode=disabled"]
     argv += [f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "LAUNCHER_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
     env |= {"WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu()
     proc = subprocess.Popen(
         argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -59,13 +66,21 @@ def launch(corpus: Path, run_dir: Path, cache: Path) -> dict[str, float | bool]:
             first_step = time.perf_counter() - start
     if proc.wait() != 0 or first_step is None:
         raise SystemExit(f"{' '.join(argv)} failed:\n{''.join(out)}")
-    return {"to_step_s": first_step, "wall_s": time.perf_counter() - start, "read": scanned}
+    wall, cpu = time.perf_counter() - start, _children_cpu() - cpu
+    return {"to_step_s": first_step, "wall_s": wall, "cpu_s": cpu, "read": scanned}
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes (the launch and its worker)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e7, 1e9])
+    parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--json")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes]
@@ -83,23 +98,25 @@ def main() -> None:
                 for r in range(args.rounds):
                     cache = root / f"cache-{tokens}-{r}"
                     for which in ("first", "second"):
-                        got = launch(corpus, root / f"run-{tokens}-{r}-{which}", cache)
+                        got = launch(
+                            corpus, root / f"run-{tokens}-{r}-{which}", cache, args.seq_len
+                        )
                         times.setdefault(f"{tokens:.0e} {which}", []).append(got)
                         print(f"{tokens:.0e} tokens, {which} launch: {got}", flush=True)
             finally:
                 corpus.unlink()
     result = {
-        name: {k: statistics.median(float(t[k]) for t in runs) for k in ("to_step_s", "wall_s")}
+        name: {k: statistics.median(float(t[k]) for t in runs) for k in TIMES}
         | {"read": [bool(t["read"]) for t in runs]}
         for name, runs in times.items()
     }
-    print("| corpus | launch | to the first step | whole command | read whole |")
-    print("| --- | --- | ---: | ---: | --- |")
+    print("| corpus | launch | to the first step | whole command | its CPU time | read whole |")
+    print("| --- | --- | ---: | ---: | ---: | --- |")
     for name, r in result.items():
         size, which = name.split()
         read = "yes" if all(r["read"]) else "no" if not any(r["read"]) else "mixed"
-        step, wall = f"{r['to_step_s']:.2f} s", f"{r['wall_s']:.2f} s"
-        print(f"| {size} tokens | {which} | {step} | {wall} | {read} |")
+        step, wall, cpu = (f"{r[k]:.2f} s" for k in TIMES)
+        print(f"| {size} tokens | {which} | {step} | {wall} | {cpu} | {read} |")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
 

@@ -9,7 +9,9 @@ sequence, or records packed into full windows with data.packing=true.
 The cache key covers the data files' identity (path, size, modification time), the tokenizer's
 files and the fields and EOS; not seq_len or packing, which only change how windows are cut. One
 process tokenizes under a file lock while the others wait on it (in-process, torchrun, SLURM on a
-shared file system); the result is renamed into place whole, so a reader never sees half of it.
+shared file system), with data.tokenize_workers processes (launcher/data/prepare_cache.py); the
+result is renamed into place whole, so a reader never sees half of it, and a killed preparation
+is resumed by the next.
 """
 
 from __future__ import annotations
@@ -18,19 +20,20 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from launcher.config.data import DataConfig
+from launcher.data.prepare_cache import available_cores, build_cache
 from launcher.data.records import PaddedRecords
 from launcher.data.sequence import TokenDataset
-from launcher.data.tokenizer import LocalTokenizer, load_tokenizer, require
+from launcher.data.tokenizer import load_tokenizer, require
 from launcher.data.tokens import PackedTokens
 from launcher.errors import DataError, VocabTooSmall
 from launcher.logs import get_logger
+from launcher.tokenizing.worker import Job
 
 log = get_logger("data")
 
@@ -39,7 +42,6 @@ FORMAT = 1
 BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow"}
 BUILDERS[".csv"] = "csv"
 SAVED_MARKS = ("dataset_info.json", "state.json", "dataset_dict.json")
-BATCH = 1000
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -107,46 +109,6 @@ def load_records(key: str, path: Path, cfg: DataConfig, hf_cache: Path) -> Any:
     return ds
 
 
-def _texts(batch: dict[str, list[Any]], name: str, key: str, path: Path, first: int) -> list[str]:
-    values = batch[name]
-    for i, v in enumerate(values):
-        if not isinstance(v, str):
-            raise DataError(
-                f"{key}: record {first + i} of {path} has {name}={v!r}, not a string. "
-                "Fix: clean the data, or point the field key at a text field."
-            )
-    return values
-
-
-def tokenize_to(out: Path, ds: Any, tok: LocalTokenizer, cfg: DataConfig, path: Path) -> None:
-    """Write tokens.bin (uint32), and for fine-tuning mask.bin (1 = a target) and offsets.npy."""
-    named = fields(cfg)
-    tuning = "data.prompt_field" in named
-    offsets, n, top = [0], 0, -1
-    with open(out / "tokens.bin", "wb") as tokens, open(out / "mask.bin", "wb") as mask:
-        for first in range(0, len(ds), BATCH):
-            batch = ds[first : first + BATCH]
-            cols = [
-                tok.encode(_texts(batch, name, key, path, first)) for key, name in named.items()
-            ]
-            for parts in zip(*cols, strict=True):
-                ids = [t for part in parts for t in part] + [tok.eos_id]
-                trained = [0] * len(parts[0]) + [1] * (len(ids) - len(parts[0]))
-                tokens.write(np.asarray(ids, dtype=np.uint32).tobytes())
-                if tuning:
-                    mask.write(np.asarray(trained, dtype=np.uint8).tobytes())
-                n += len(ids)
-                top = max(top, *ids)
-                offsets.append(n)
-    if tuning:
-        np.save(out / "offsets.npy", np.asarray(offsets, dtype=np.int64))
-    else:
-        (out / "mask.bin").unlink()
-    meta = {"format": FORMAT, "tokens": n, "records": len(offsets) - 1, "max_id": top}
-    meta |= {"eos_id": tok.eos_id, "vocab_size": tok.vocab_size, "tuning": tuning}
-    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-
-
 def prepare(key: str, path_text: str, cfg: DataConfig) -> tuple[Path, bool]:
     """The tokenized cache directory of one data file, built if missing; (dir, built here)."""
     path = Path(path_text).expanduser().resolve()
@@ -164,15 +126,10 @@ def prepare(key: str, path_text: str, cfg: DataConfig) -> tuple[Path, bool]:
         if (final / "meta.json").is_file():
             return final, False
         ds = load_records(key, path, cfg, root / "hf")
-        tmp = root / f"{final.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        log.info(f"tokenizing {path} ({len(ds):,} records) once; cached in {final}")
-        tokenize_to(tmp, ds, tok, cfg, path)
-        try:
-            tmp.rename(final)
-        except OSError:  # another node built it meanwhile (a lock the file system ignores)
-            shutil.rmtree(tmp, ignore_errors=True)
+        job = Job(ds, tok.backend, tok.fast, tok.eos_id, fields(cfg), path)
+        meta = {"format": FORMAT, "eos_id": tok.eos_id, "vocab_size": tok.vocab_size}
+        meta["tuning"] = "data.prompt_field" in job.named
+        build_cache(final, job, meta, cfg.tokenize_workers or available_cores())
         return final, True
 
 
