@@ -17,6 +17,7 @@ pytest.importorskip("datasets")
 pytest.importorskip("tokenizers")
 
 from launcher.config.data import DataConfig, DataKind
+from launcher.data import prepare_cache
 from launcher.data.hf import prepare
 from launcher.data.partial import OWNER_FILE, this_process
 from launcher.errors import ConfigError, DataError
@@ -31,9 +32,19 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("prep")
     return {
         "tok": train_tokenizer(root / "tok"),
-        "texts": write_texts(root / "texts.jsonl", 4500),
+        "texts": uneven(write_texts(root / "texts.jsonl", 4500)),
         "pairs": write_pairs(root / "pairs.jsonl", 2500, seed=1),
     }
+
+
+def uneven(path: Path) -> Path:
+    """The first 1,000 documents (the first range) 30 times longer: with two processes it ends
+    last, so a cache written in order of completion would differ from one written in order."""
+    lines = path.read_text().splitlines()
+    for i in range(1000):
+        lines[i] = json.dumps({"text": " ".join([json.loads(lines[i])["text"]] * 30)})
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def cfg_for(files: dict[str, Path], cache: Path, kind: str = "texts", **kw: object) -> DataConfig:
@@ -67,8 +78,13 @@ def said() -> list[str]:
 
 @pytest.mark.parametrize("kind", ["texts", "pairs"])
 def test_one_and_two_processes_write_the_same_bytes(
-    files: dict[str, Path], tmp_path: Path, kind: str, said: list[str]
+    files: dict[str, Path],
+    tmp_path: Path,
+    kind: str,
+    said: list[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(prepare_cache, "PROGRESS_EVERY", 0.0)  # a line after every range
     one, built = prepare(
         "data.path", str(files[kind]), cfg_for(files, tmp_path / "a", kind, tokenize_workers=1)
     )
@@ -78,6 +94,12 @@ def test_one_and_two_processes_write_the_same_bytes(
     )
     assert built and one.name == two.name  # the number of processes is not part of the key
     assert any("with 2 process(es)" in line for line in said)
+    progress = [line for line in said if line.startswith(f"tokenizing {files[kind].name}: ")]
+    total = 4500 if kind == "texts" else 2500
+    assert len(progress) == 2 * (-(-total // 1000))  # every range, for each of the two builds
+    assert (
+        f"({total:,} of {total:,} records)" in progress[-1] and "tokens/s, eta 0s" in progress[-1]
+    )
     expected = {"meta.json", "tokens.bin"} | (
         {"mask.bin", "offsets.npy"} if kind == "pairs" else set()
     )
@@ -93,6 +115,7 @@ KILLED = """
 import json, multiprocessing, os, signal, sys
 from pathlib import Path
 from launcher.config.data import DataConfig
+from launcher.data import prepare_cache
 from launcher.data import prepare_cache
 from launcher.data.hf import prepare
 
