@@ -3,10 +3,13 @@ tokens (20 MB and 2 GB, written under /tmp and deleted afterwards), each launche
 same launcher cache directory: the first launch reads the file whole (the vocabulary check, and
 the data identity that the final checkpoint records), the second only stats it.
 
-Each round starts with a fresh, empty cache directory ($LAUNCHER_CACHE_DIR), so every round has
-one first and one second launch per size. Reported: the median wall time until the first step is
-logged (`step 1/`), of the whole command (one step, one checkpoint), and the command's CPU time
-(user + system, its in-process worker included: the figure a loaded machine disturbs least).
+The corpus's pages are dropped from the page cache before each launch (posix_fadvise on the file
+written here): a first launch reads it from the disk. Each round starts with a fresh, empty cache
+directory ($LAUNCHER_CACHE_DIR), so every round has one first and one second launch per size.
+Reported: the median wall time until the first step is logged (`step 1/`), of the whole command
+(one step, one checkpoint), and the command's CPU time (user + system, its in-process worker
+included: the figure a loaded machine disturbs least); and the vocabulary check alone (a cold
+read, then a cached one) in a fresh process.
 
 model.seq_len=1024 (--seq-len): 1e9 tokens are about 1M samples. The sample order is a separate
 cost that grows with the number of samples (issue 32's sampler part, not measured here).
@@ -46,6 +49,35 @@ def write_corpus(path: Path, tokens: int) -> None:
             left -= n
 
 
+def evict(path: Path) -> None:
+    """Drop this file's pages from the page cache (ours, written here): the next read is from
+    the disk, as for a corpus not read lately."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def check_alone(corpus: Path, cache: Path) -> dict[str, float]:
+    """The vocabulary check by itself, in a fresh process: a cold first read, then a cached one."""
+    code = (
+        "import sys, time; from pathlib import Path\n"
+        "from launcher.integrity import token_scan as t\n"
+        "p = Path(sys.argv[1]); s = time.perf_counter(); t.max_token_id(p, 'uint16')\n"
+        "a = time.perf_counter() - s; t._seen.clear(); s = time.perf_counter()\n"
+        "t.max_token_id(p, 'uint16'); print(a, time.perf_counter() - s)"
+    )
+    evict(corpus)
+    env = {**os.environ, "LAUNCHER_CACHE_DIR": str(cache)}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(corpus)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    first, cached = map(float, out.stdout.split())
+    return {"first_s": first, "cached_s": cached}
+
+
 def launch(corpus: Path, run_dir: Path, cache: Path, seq_len: int) -> dict[str, float | bool]:
     argv = [sys.executable, "-m", "launcher.cli", "train", "model=tiny", "data=tokens"]
     argv += [f"model.seq_len={seq_len}", "batch.global_size=8"]
@@ -53,6 +85,7 @@ def launch(corpus: Path, run_dir: Path, cache: Path, seq_len: int) -> dict[str, 
     argv += [f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "LAUNCHER_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
     env |= {"WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    evict(corpus)
     start, cpu = time.perf_counter(), _children_cpu()
     proc = subprocess.Popen(
         argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -95,6 +128,8 @@ def main() -> None:
             corpus = root / f"corpus-{tokens}.bin"
             write_corpus(corpus, tokens)
             try:
+                alone = check_alone(corpus, root / f"cache-{tokens}-alone")
+                print(f"{tokens:.0e} tokens, the check alone: {alone}", flush=True)
                 for r in range(args.rounds):
                     cache = root / f"cache-{tokens}-{r}"
                     for which in ("first", "second"):
