@@ -127,6 +127,9 @@ class DataConfig:
     <eos>)."""
     cache_dir: str | None = None
     """hf: where tokenized data is cached (default $LAUNCHER_CACHE or ~/.cache/launcher/data)."""
+    tokenize_workers: int | None = None
+    """hf: processes that tokenize into the cache (null: the available cores; 1: this process
+    alone). The cache is the same whatever the number."""
     holdout: int = 0
     """text, tokens, hf, custom without val_path: the last N samples are held out for validation."""
     _target_: str | None = None
@@ -145,10 +148,20 @@ class DataConfig:
     transformers), the first 32 for any other (each new token reruns the whole sequence)."""
 
     def __post_init__(self) -> None:
+        # Built in code (tests, a user's script) the enums may come as their strings.
+        self.name, self.order = DataKind(self.name), DataOrder(self.order)
+        self.dtype, self.train_on = TokenDtype(self.dtype), TrainOn(self.train_on)
         self.packing = _packing(self.packing)
         require_positive("data.min_len", self.min_len)
         require_positive("data.max_len", self.max_len)
         require_positive("data.eval_problems", self.eval_problems, allow_none=True)
+        if self.tokenize_workers is not None and self.tokenize_workers < 1:
+            raise ConfigError(
+                "data.tokenize_workers",
+                f"must be 1 or more, got {self.tokenize_workers}.",
+                "set data.tokenize_workers=1 (this process only), a number of processes, or "
+                "null (the available cores).",
+            )
         if self.holdout < 0:
             raise ConfigError("data.holdout", f"must be 0 or more, got {self.holdout}.")
         if self.max_len < self.min_len:

@@ -11,7 +11,9 @@ The cache key covers the data files' identity (path, size, modification time), t
 files, the fields, the chat template and EOS; not seq_len or packing, which only change how
 windows are cut (a packed layout is computed once per seq_len beside the cache). One
 process tokenizes under a file lock while the others wait on it (in-process, torchrun, SLURM on a
-shared file system); the result is renamed into place whole, so a reader never sees half of it.
+shared file system), with data.tokenize_workers processes (launcher/data/prepare_cache.py); the
+result is renamed into place whole, so a reader never sees half of it, and a killed preparation
+is resumed by the next.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,13 @@ import numpy as np
 
 from launcher.config.data import DataConfig
 from launcher.data.packed import open_layout
+from launcher.data.prepare_cache import InProcess, build_cache
 from launcher.data.sequence import TokenDataset
-from launcher.data.tokenizer import LocalTokenizer, load_tokenizer, require
+from launcher.data.tokenizer import load_tokenizer, require
 from launcher.errors import DataError, VocabTooSmall
+from launcher.host import local_cpu_count
 from launcher.logs import get_logger
+from launcher.tokenizing.worker import Job
 from launcher.userpath import open_own
 
 log = get_logger("data")
@@ -42,7 +45,6 @@ FORMAT = 2
 BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow"}
 BUILDERS[".csv"] = "csv"
 SAVED_MARKS = ("dataset_info.json", "state.json", "dataset_dict.json")
-BATCH = 1000
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -112,66 +114,6 @@ def load_records(key: str, path: Path, cfg: DataConfig, hf_cache: Path) -> Any:
     return ds
 
 
-def _texts(batch: dict[str, list[Any]], name: str, key: str, path: Path, first: int) -> list[str]:
-    values = batch[name]
-    for i, v in enumerate(values):
-        if not isinstance(v, str):
-            raise DataError(
-                f"{key}: record {first + i} of {path} has {name}={v!r}, not a string. "
-                "Fix: clean the data, or point the field key at a text field."
-            )
-    return values
-
-
-def _encode_fields(
-    batch: dict[str, list[Any]], first: int, tok: LocalTokenizer, cfg: DataConfig, path: Path
-) -> list[tuple[list[int], list[int]]]:
-    """Documents (text + EOS, all targets) or pairs (prompt masked, completion + EOS)."""
-    cols = [tok.encode(_texts(batch, name, key, path, first)) for key, name in fields(cfg).items()]
-    encoded = []
-    for parts in zip(*cols, strict=True):
-        ids = [t for part in parts for t in part] + [tok.eos_id]
-        encoded.append((ids, [0] * len(parts[0]) + [1] * (len(ids) - len(parts[0]))))
-    return encoded
-
-
-def encoded_records(
-    ds: Any, tok: LocalTokenizer, cfg: DataConfig, path: Path
-) -> Iterator[tuple[list[int], list[int]]]:
-    """Each record's token ids and target mask, in order."""
-    if cfg.messages_field is not None:
-        from launcher.data.chat import ConversationEncoder
-
-        conversations = ConversationEncoder(tok, cfg, path)
-    for first in range(0, len(ds), BATCH):
-        batch = ds[first : first + BATCH]
-        if cfg.messages_field is not None:
-            yield from conversations(batch, first)
-        else:
-            yield from _encode_fields(batch, first, tok, cfg, path)
-
-
-def tokenize_to(out: Path, ds: Any, tok: LocalTokenizer, cfg: DataConfig, path: Path) -> None:
-    """Write tokens.bin (uint32), offsets.npy (each record's first token), and for fine-tuning
-    mask.bin (1 = a target)."""
-    tuning = cfg.tuning
-    offsets, n, top = [0], 0, -1
-    with open(out / "tokens.bin", "wb") as tokens, open(out / "mask.bin", "wb") as mask:
-        for ids, trained in encoded_records(ds, tok, cfg, path):
-            tokens.write(np.asarray(ids, dtype=np.uint32).tobytes())
-            if tuning:
-                mask.write(np.asarray(trained, dtype=np.uint8).tobytes())
-            n += len(ids)
-            top = max(top, *ids) if ids else top
-            offsets.append(n)
-    np.save(out / "offsets.npy", np.asarray(offsets, dtype=np.int64))
-    if not tuning:
-        (out / "mask.bin").unlink()
-    meta = {"format": FORMAT, "tokens": n, "records": len(offsets) - 1, "max_id": top}
-    meta |= {"eos_id": tok.eos_id, "vocab_size": tok.vocab_size, "tuning": tuning}
-    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-
-
 def prepare(key: str, path_text: str, cfg: DataConfig) -> tuple[Path, bool]:
     """The tokenized cache directory of one data file, built if missing; (dir, built here)."""
     path = Path(path_text).expanduser().resolve()
@@ -193,15 +135,16 @@ def prepare(key: str, path_text: str, cfg: DataConfig) -> tuple[Path, bool]:
         if (final / "meta.json").is_file():
             return final, False
         ds = load_records(key, path, cfg, root / "hf")
-        tmp = root / f"{final.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        log.info(f"tokenizing {path} ({len(ds):,} records) once; cached in {final}")
-        tokenize_to(tmp, ds, tok, cfg, path)
-        try:
-            tmp.rename(final)
-        except OSError:  # another node built it meanwhile (a lock the file system ignores)
-            shutil.rmtree(tmp, ignore_errors=True)
+        job: Job | InProcess
+        if cfg.messages_field is not None:  # transformers renders the template: in this process
+            from launcher.data.chat import ConversationEncoder
+
+            job = InProcess(ds, ConversationEncoder(tok, cfg, path), path)
+        else:
+            job = Job(ds, tok.backend, tok.fast, tok.eos_id, fields(cfg), path)
+        meta = {"format": FORMAT, "eos_id": tok.eos_id, "vocab_size": tok.vocab_size}
+        meta["tuning"] = cfg.tuning
+        build_cache(final, job, meta, cfg.tokenize_workers or local_cpu_count())
         return final, True
 
 

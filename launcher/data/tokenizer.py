@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DataError
+from launcher.tokenizing.worker import encode
 
 INSTALL = "pip install 'launcher[hf]'"
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "[SEP]")
@@ -49,9 +50,7 @@ class LocalTokenizer:
     vocab_size: int
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        if self.fast:
-            return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
-        return list(self.backend(texts, add_special_tokens=False)["input_ids"])
+        return encode(self.backend, self.fast, texts)
 
     def identity(self) -> str:
         """A hash of the files that define the tokenizer (not of weights beside it)."""

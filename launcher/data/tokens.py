@@ -16,9 +16,7 @@ import torch
 
 from launcher.data.sequence import IGNORE_INDEX, PAD_ID, Sample
 from launcher.errors import DataError, VocabTooSmall
-
-SCAN_CHUNK = 1 << 22
-"""Tokens read at a time by `max_token`: memory stays flat however big the file is."""
+from launcher.integrity.token_scan import max_token_id
 
 
 def check_file(key: str, path: Path, fix: str = "") -> Path:
@@ -48,22 +46,9 @@ def open_tokens(key: str, path: Path, dtype: str) -> np.memmap:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def max_token(path: Path, dtype: str) -> tuple[int, int]:
-    """(largest token id, its index) by chunked reads, not the map: resident memory stays flat."""
-    best, where, offset = -1, -1, 0
-    with open(path, "rb") as f:
-        while True:
-            chunk = np.fromfile(f, dtype=dtype, count=SCAN_CHUNK)
-            if not len(chunk):
-                return best, where
-            i = int(chunk.argmax())
-            if int(chunk[i]) > best:
-                best, where = int(chunk[i]), offset + i
-            offset += len(chunk)
-
-
 def check_vocab(key: str, path: Path, dtype: str, vocab_size: int) -> None:
-    top, index = max_token(path, dtype)
+    """Refuse ids at or past `vocab_size`; the file is read whole once per identity."""
+    top, index = max_token_id(path, dtype)
     if top >= vocab_size:
         raise VocabTooSmall(
             f"{key}: {path} holds token id {top} (token {index:,}), past the model's vocabulary "

@@ -5,12 +5,9 @@ through a small cache file (large data files read at every launch)."""
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
-from launcher.errors import ConfigError
-from launcher.host import CACHE_ENV, cache_dir
-from launcher.userpath import replace_own
+from launcher.integrity.file_cache import read_cache, write_cache
 
 CACHE_FILE = "digests.json"
 _CHUNK = 1 << 20
@@ -40,30 +37,9 @@ def file_digest(path: Path) -> str:
     return digest
 
 
-def _cache_path() -> Path:
-    return cache_dir() / CACHE_FILE
-
-
-def _read_cache() -> dict[str, list[object]]:
-    try:
-        data = json.loads(_cache_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_cache(data: dict[str, list[object]]) -> None:
-    path = _cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        replace_own(path, json.dumps(data), CACHE_ENV)  # a hidden random temporary, renamed
-    except (OSError, ConfigError):  # unwritable, or a link there (never written through)
-        pass  # an unwritable cache only means the next launch reads the files again
-
-
 def cached_digests(paths: list[Path]) -> dict[Path, str]:
     """Digests of many files through the on-disk cache: only new or changed files are read."""
-    cache = _read_cache()
+    cache = read_cache(CACHE_FILE)
     out: dict[Path, str] = {}
     changed = False
     for path in paths:
@@ -76,5 +52,5 @@ def cached_digests(paths: list[Path]) -> dict[Path, str]:
         cache[key] = [*stamp, out[path]]
         changed = True
     if changed:
-        _write_cache(cache)
+        write_cache(CACHE_FILE, cache)
     return out
