@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.config.root import RootConfig
-from launcher.exit_codes import FAILED, STOPPED_RESUMABLE
+from launcher.exit_codes import FAILED, HUNG, STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.rundir import (
     AGENT_DIR,
@@ -107,19 +107,21 @@ def _environment(additions: dict[str, str]) -> Iterator[None]:
 def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
     """Run the planned torchrun command, in this process, with the planned environment additions.
 
-    Exit status: 0, STOPPED_RESUMABLE after a graceful stop, 143 after a second SIGTERM, the status
-    of the rank that failed first (named), or 1 when a signal ended it. A second Ctrl-C raises
+    Exit status: 0, STOPPED_RESUMABLE after a graceful stop, 143 after a second SIGTERM, HUNG when
+    the hang watchdog ended the ranks and no restart was left, the status of the rank that failed
+    first (named), or 1 when a signal ended it. A second Ctrl-C raises
     KeyboardInterrupt.
     """
     from launcher.runners.agent import blame, run_agent, write_failures
     from launcher.runners.signals import StopAtOnce, forward_stop_signals
+    from launcher.runners.watchdog import Watchdog, hang_exit_line
 
     assert argv[0] == TORCHRUN, argv
     clear_rank_errors(run_dir)
     clear_stopped(run_dir)
     rank_failures_file(run_dir).unlink(missing_ok=True)
     try:
-        with _environment(env), forward_stop_signals():
+        with _environment(env), forward_stop_signals(), Watchdog(run_dir) as watchdog:
             failures = run_agent(argv[1:])
     except StopAtOnce:
         if read_stopped(run_dir) is not None:
@@ -132,6 +134,10 @@ def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
         shutil.rmtree(run_dir / AGENT_DIR, ignore_errors=True)
     if read_stopped(run_dir) is not None:
         return STOPPED_RESUMABLE  # stopped on a signal after a checkpoint (rank 0 said where)
+    if failures and watchdog.hangs:
+        write_failures(rank_failures_file(run_dir), failures)
+        log.error(hang_exit_line(watchdog.hangs, HUNG))
+        return HUNG
     if failures:
         write_failures(rank_failures_file(run_dir), failures)
         log.error(blame(failures, run_dir))

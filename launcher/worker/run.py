@@ -47,6 +47,7 @@ from launcher.worker.compile import (
 )
 from launcher.worker.debug import debug_callbacks, loss_function, save_pause
 from launcher.worker.evaluate import exact_match
+from launcher.worker.heartbeat import start_heartbeat
 from launcher.worker.stop import (
     StopFlag,
     requeued_by_slurm,
@@ -124,7 +125,9 @@ def train_rank(
     meter = PeakMeter(ctx.device, engine.model, cfg.train.steps, planned, ctx.is_main)
     tracker.peak_meter = meter
     # Checkpoints first: a test's pause after a step comes once the step is saved.
-    trainer.callbacks = [meter, checkpoints, *debug_callbacks(cfg, ctx.rank)]
+    heartbeat = start_heartbeat(cfg, run_dir, ctx.rank, checkpoints.saves_after)
+    beats = [heartbeat] if heartbeat is not None else []  # before the saves: they are not timed
+    trainer.callbacks = [meter, *beats, checkpoints, *debug_callbacks(cfg, ctx.rank)]
     if cfg.train.compile:
         tracker.compile_clock = compile_seconds
         trainer.callbacks.insert(1, EagerWhileMeasured(meter))  # after the meter opens
@@ -137,7 +140,10 @@ def train_rank(
         # metrics.jsonl holds each step once: lines past the checkpoint (or all of them, when
         # training starts over from step 1) belong to a run that did not get to save them.
         tracker.rewind(resumed.step if resumed is not None else 0)
-        if not trainer.train(stop):
+        trained = trainer.train(stop)
+        if heartbeat is not None:
+            heartbeat.end()
+        if not trained:
             # Every rank agreed to stop at this step boundary: save, mark, exit 75.
             saved = checkpoints.stop(stop.signal_name if stop is not None else None)
             tracker.close(STOPPED_RESUMABLE)
@@ -209,7 +215,7 @@ def run_worker(cfg: RootConfig, run_dir: Path) -> RunEnd:
         # torchrun restarts ranks that exit non-zero; after a deliberate stop nothing may train.
         return StoppedRun()
     with stop_on_signals() as stop:
-        ctx = init_distributed(cfg.train.device)
+        ctx = init_distributed(cfg.train.device, cfg.train.process_group_timeout_s)
         setup_logging(ctx.rank)
         warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
         if ctx.is_main and restart_attempt() == 0:
