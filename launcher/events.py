@@ -2,7 +2,7 @@
 saw it (the watchdog in `launch` or a node's agent; rank 0 at a restart).
 
 Each record has at least `event` (hang | restart), `time` (seconds since the epoch) and what
-the event is about (ranks, hosts, steps). `summary.json` repeats them as `events`.
+the event is about (ranks, hosts, steps).
 """
 
 from __future__ import annotations

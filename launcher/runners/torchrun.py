@@ -50,11 +50,17 @@ def torchrun_argv(cfg: RootConfig, run_dir: Path, worker: str = "launcher.worker
     `launch` relays SIGTERM, SIGUSR1, SIGINT and SIGHUP to the ranks itself.
     """
     from launcher.runners.agent import handles_signals_option
+    from launcher.runners.local_nodes import elastic_args, free_port
 
     signals = ["--signals_to_handle=SIGQUIT"] if handles_signals_option() else []
+    membership = (
+        elastic_args(cfg, free_port(), run_dir.name or "launcher")
+        if cfg.parallel.nodes > 1  # an elastic job on this machine: one agent per node
+        else ["--standalone"]
+    )
     return [
         TORCHRUN,
-        "--standalone",
+        *membership,
         f"--nproc_per_node={cfg.parallel.ranks_per_node}",
         f"--max_restarts={cfg.train.max_restarts}",
         f"--monitor_interval={MONITOR_INTERVAL_S}",
@@ -87,8 +93,12 @@ class TorchrunRunner(LocalRunner):
         return environment_additions(cfg)
 
     def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
-        del cfg  # the ranks read config.yaml
-        return run_torchrun(run_dir, plan.command, plan.env)
+        if cfg.parallel.nodes == 1:  # the ranks read config.yaml
+            return run_torchrun(run_dir, plan.command, plan.env)
+        from launcher.runners.local_nodes import other_nodes
+
+        with other_nodes(cfg, plan.command[1:], plan.env):
+            return run_torchrun(run_dir, plan.command, plan.env)
 
 
 @contextmanager

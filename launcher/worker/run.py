@@ -17,12 +17,7 @@ from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
 from launcher.data.build import Datasets, build_datasets, vocab_of
 from launcher.data.mixture import MixtureDataset
-from launcher.distributed import (
-    DistContext,
-    check_world_size,
-    init_distributed,
-    teardown_distributed,
-)
+from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.engines import build_engine
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger, setup_logging
@@ -46,6 +41,7 @@ from launcher.worker.compile import (
     eager,
 )
 from launcher.worker.debug import debug_callbacks, loss_function, save_pause
+from launcher.worker.elastic import announce_restart, config_for_world
 from launcher.worker.evaluate import exact_match
 from launcher.worker.heartbeat import start_heartbeat
 from launcher.worker.stop import (
@@ -107,7 +103,7 @@ def build_data(cfg: RootConfig, model: nn.Module) -> Datasets:
 def train_rank(
     cfg: RootConfig, run_dir: Path, ctx: DistContext, stop: StopFlag | None = None
 ) -> RunEnd:
-    check_world_size(ctx, cfg.parallel.dp, cfg.parallel.nodes)
+    as_planned, cfg = cfg, config_for_world(cfg, ctx)  # elastic: the split for the ranks it got
     require_planned(cfg)  # batch.micro_size=auto / ac=auto are chosen by the plan, never here
     split = cfg.split()
     model = build_model(cfg)
@@ -137,6 +133,7 @@ def train_rank(
         resumed = checkpoints.resume(restarted=restart_attempt() > 0 or requeued_by_slurm())
         if resumed is not None:
             trainer.continue_from(resumed.step, resumed.totals)
+        announce_restart(as_planned, cfg, run_dir, ctx, resumed)
         # metrics.jsonl holds each step once: lines past the checkpoint (or all of them, when
         # training starts over from step 1) belong to a run that did not get to save them.
         tracker.rewind(resumed.step if resumed is not None else 0)
