@@ -7,6 +7,7 @@ flight, plus the copy to host memory), the mean step time, and the wait for the 
 end. The async/sync ratio of the stall is the figure of merit.
 
     .venv/bin/python -m benchmarks.checkpoint_stall [--steps 8] [--every 2] [--device cuda]
+        [--model 100m|small]
 """
 
 from __future__ import annotations
@@ -29,15 +30,24 @@ from launcher.tracking.tracker import Tracker
 from launcher.training.loop import Trainer
 from launcher.worker.run import build_data, build_model
 
-MODEL = {"name": "100m", "n_layer": 14, "n_head": 12, "d_model": 768, "seq_len": 64}
+MODELS = {
+    "100m": {"name": "100m", "n_layer": 14, "n_head": 12, "d_model": 768, "seq_len": 64},
+    "small": {"name": "small", "n_layer": 6, "n_head": 6, "d_model": 384, "seq_len": 64},
+}
+MODEL = MODELS["100m"]
 
 
 def measure(
-    run_dir: Path, steps: int, every: int, asynchronous: bool, device: str = "cpu"
+    run_dir: Path,
+    steps: int,
+    every: int,
+    asynchronous: bool,
+    device: str = "cpu",
+    model: dict[str, Any] = MODEL,
 ) -> dict[str, Any]:
     cfg = to_root_config(
         {
-            "model": MODEL,
+            "model": model,
             "batch": {"global_size": 1},
             "train": {"steps": steps, "device": device},
             "checkpoint": {"every": every, "async": asynchronous, "keep": 2},
@@ -88,6 +98,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--every", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--model", default="100m", choices=sorted(MODELS))
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -95,7 +106,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         for asynchronous in (False, True):
             run_dir = Path(tmp) / ("async" if asynchronous else "sync")
-            rows.append(measure(run_dir, args.steps, args.every, asynchronous, args.device))
+            rows.append(
+                measure(
+                    run_dir, args.steps, args.every, asynchronous, args.device, MODELS[args.model]
+                )
+            )
             print(json.dumps(rows[-1]), flush=True)
     sync, done = rows
     ratio = done["stall_mean_s"] / sync["stall_mean_s"]

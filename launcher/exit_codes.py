@@ -12,3 +12,7 @@ STOPPED_RESUMABLE = 75
 ABORTED = 130
 """Aborted by a second Ctrl-C (128 + SIGINT): no checkpoint at the stop; a rerun resumes from the
 last complete one."""
+HUNG = 76
+"""A rank made no progress for train.hang_timeout seconds (hang_report.txt names it, with the
+ranks' stacks) and no torchrun restart was left; a rerun resumes from the last complete checkpoint.
+"""

@@ -16,6 +16,7 @@ from launcher.config.root import RootConfig
 from launcher.data.build import model_vocab
 from launcher.data.vocab import vocab_source
 from launcher.engines import engine_spec
+from launcher.errors import ConfigError
 from launcher.memory.auto import Choice, plan_and_choose
 from launcher.memory.budget import Budget, budget_for
 from launcher.memory.machine import machine_budget
@@ -80,6 +81,9 @@ class Plan:
     vocab_from: str | None = None
     """Where vocab_size comes from: data.tokenizer (model.vocab_size=auto followed it),
     model.vocab_size, or model (a user model's own)."""
+    elastic: list[dict[str, int]] = field(default_factory=list)
+    """parallel.min_nodes < parallel.nodes: the split and planned peak on each allowed number of
+    nodes, fewest first (empty when not elastic)."""
     config: RootConfig | None = None
     """The resolved config the ranks run (auto choices made); not in plan.json."""
 
@@ -107,6 +111,12 @@ class Plan:
             *(f"            {line}" for line in self.engine_options),
             "recompute   " + _recompute_table(self.activation_estimates, self.ac),
             *memory_table(self.memory_plan, self.memory_budget_bytes, self.memory_choice),
+            *(
+                f"elastic     on {e['nodes']} node(s): dp {e['dp']} x grad_accum "
+                f"{e['grad_accum']} x micro {e['micro_size']}, planned peak "
+                f"{_mib(e['planned_peak_bytes'])} per rank"
+                for e in self.elastic
+            ),
             f"runner      {self.runner}",
         ]
         if self.command:
@@ -157,6 +167,49 @@ def plan_split(
     return plan_and_choose(cfg, info, budget or memory_budget(cfg, runner))
 
 
+def elastic_splits(
+    cfg: RootConfig, info: ModelInfo, runner: Runner, budget: Budget | None
+) -> list[dict[str, int]]:
+    """An elastic job: the split and the memory plan on every allowed number of nodes (the same
+    global batch and micro-batch; a size that cannot hold them, or whose plan does not fit, is a
+    ConfigError naming it)."""
+    parallel = cfg.parallel
+    if not parallel.elastic:
+        return []
+    spec = engine_spec(cfg.engine.name)
+    if not spec.reshardable:
+        raise ConfigError(
+            ["parallel.min_nodes", "engine"],
+            f"an elastic job resumes its checkpoints on fewer ranks, and {spec.label} cannot "
+            f"({spec.reshard_note}).",
+            "use engine=ddp or engine=fsdp, or drop parallel.min_nodes.",
+        )
+    cfg.check_elastic()
+    sizes = []
+    for nodes in range(parallel.least_nodes, parallel.nodes + 1):
+        on_nodes = cfg.on_nodes(nodes)
+        try:
+            planned, choice = plan_split(on_nodes, info, runner, budget)
+        except ConfigError as exc:
+            raise ConfigError(
+                ["parallel.min_nodes", *exc.keys],
+                f"on {nodes} node(s): {exc.problem}",
+                f"set parallel.min_nodes={nodes + 1}, or {exc.fix}",
+            ) from None
+        split = planned.split()
+        peak = choice.plan.peak
+        sizes.append(
+            {
+                "nodes": nodes,
+                "dp": split.dp,
+                "grad_accum": split.grad_accum,
+                "micro_size": split.micro_size,
+                "planned_peak_bytes": peak,
+            }
+        )
+    return sizes
+
+
 def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
     """The complete plan for a run in `run_dir`; a bad value raises before anything is written.
     batch.micro_size=auto and ac=auto are chosen here: plan.config is the config to run."""
@@ -167,6 +220,7 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
         "batch.micro_size": cfg.batch.micro_size,
         "ac": cfg.ac.policy.value,
     }
+    elastic = elastic_splits(cfg, info, runner, budget)
     command = runner.command(cfg, run_dir)
     runner_files = runner.files(cfg, run_dir)
     engine = engine_spec(cfg.engine.name)
@@ -210,5 +264,6 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
         memory_choice=choice.to_json() if auto else None,
         vocab_size=vocab,
         vocab_from=vocab_source(cfg, vocab),
+        elastic=elastic,
         config=cfg,
     )

@@ -15,6 +15,10 @@
     rank_failures.json   several ranks: which rank failed first, how, and the others (torchrun's
                          agent, launcher/runners/agent.py); rank_failures_<node>.json per SLURM node
     error.txt            a failed sweep point's error
+    events.jsonl         one line per hang, restart or elastic change (launcher/events.py)
+    hang_report.txt      a hang: the rank that stopped progressing, and every rank's stacks
+    heartbeats/          train.hang_timeout: each rank's progress (rank<r>.json) and the file its
+                         stacks are dumped into on SIGUSR2 (rank<r>.stacks)
     checkpoints/         training-state checkpoints (launcher/checkpoint/files.py)
     wandb/               wandb's files; wandb/run_id.txt keeps the run id across resumes
     .hydra/              Hydra's copies of the config and overrides
@@ -51,6 +55,9 @@ HYDRA_DIR = ".hydra"
 LOCK_FILE = ".lock"
 AGENT_DIR = ".torchelastic"
 RANK_FAILURES_FILE = "rank_failures.json"
+EVENTS_FILE = "events.jsonl"
+HANG_REPORT_FILE = "hang_report.txt"
+HEARTBEATS_DIR = "heartbeats"
 MULTIRUN_FILE = "multirun.yaml"
 SWEEP_CSV, SWEEP_MD, SWEEP_PNG = "sweep_summary.csv", "sweep_summary.md", "sweep_summary.png"
 
@@ -78,6 +85,16 @@ def rank_failures_file(run_dir: Path, node: str | None = None) -> Path:
         return run_dir / RANK_FAILURES_FILE
     stem, suffix = RANK_FAILURES_FILE.rsplit(".", 1)
     return run_dir / f"{stem}_{node}.{suffix}"
+
+
+def heartbeat_file(run_dir: Path, rank: int) -> Path:
+    """A rank's progress record (launcher/worker/heartbeat.py)."""
+    return run_dir / HEARTBEATS_DIR / f"rank{rank}.json"
+
+
+def stacks_file(run_dir: Path, rank: int) -> Path:
+    """Where a rank's Python stacks go when it gets SIGUSR2 (faulthandler)."""
+    return run_dir / HEARTBEATS_DIR / f"rank{rank}.stacks"
 
 
 def rank_error_file(run_dir: Path, rank: int) -> Path:

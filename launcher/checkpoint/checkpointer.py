@@ -94,9 +94,13 @@ class Checkpointer:
     def before_step(self, step: int) -> None:
         del step
 
-    def after_step(self, step: int) -> None:
+    def saves_after(self, step: int) -> bool:
+        """Whether after_step saves a checkpoint after this step (a periodic save)."""
         every = self.cfg.checkpoint.every
-        if self.enabled and every and step % every == 0 and step < self.cfg.train.steps:
+        return self.enabled and bool(every) and step % every == 0 and step < self.cfg.train.steps
+
+    def after_step(self, step: int) -> None:
+        if self.saves_after(step):
             self.save()
 
     def save_final(self) -> Path | None:

@@ -25,6 +25,9 @@ class ParallelConfig:
     """Data-parallel ranks in all (world size). Ranks per node = dp / nodes."""
     nodes: int = 1
     """Nodes to spread the ranks over; more than one needs cluster=slurm."""
+    min_nodes: int | None = None
+    """Elastic: the job goes on (restarted from the newest checkpoint, the same global batch) on
+    as few as this many nodes when nodes are lost. null: parallel.nodes (not elastic)."""
     replicate: int | None = None
     """engine=fsdp: hybrid sharding (HSDP), state sharded over dp / replicate ranks and replicated
     over `replicate` groups. null: the number of nodes on a multi-node job with more than one rank
@@ -34,6 +37,12 @@ class ParallelConfig:
         require_positive("parallel.dp", self.dp)
         require_positive("parallel.nodes", self.nodes)
         require_positive("parallel.replicate", self.replicate, allow_none=True)
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            raise ConfigError(
+                ["parallel.min_nodes", "parallel.nodes"],
+                f"min_nodes={self.min_nodes} is not between 1 and nodes={self.nodes}.",
+                f"set parallel.min_nodes to a value from 1 to {self.nodes}, or null (not elastic).",
+            )
         if self.replicate is not None and self.dp % self.replicate:
             raise ConfigError(
                 ["parallel.replicate", "parallel.dp"],
@@ -52,6 +61,15 @@ class ParallelConfig:
     @property
     def ranks_per_node(self) -> int:
         return self.dp // self.nodes
+
+    @property
+    def least_nodes(self) -> int:
+        """parallel.min_nodes, or parallel.nodes when null."""
+        return self.nodes if self.min_nodes is None else self.min_nodes
+
+    @property
+    def elastic(self) -> bool:
+        return self.least_nodes < self.nodes
 
     def default_replicate(self) -> int:
         """parallel.replicate=null under FSDP: one replica per node when a node holds several

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from launcher.config.ac import AcConfig
@@ -57,13 +57,24 @@ class RootConfig:
             require_finite(f.name, getattr(self, f.name))
         self.split()  # raises on a batch split that does not multiply out
         self._check_vocab()
-        if self.parallel.nodes > 1 and self.cluster.name != ClusterKind.slurm:
+        local = self.cluster.name != ClusterKind.slurm
+        if self.parallel.nodes > 1 and local and not self.parallel.elastic:
             raise ConfigError(
                 ["parallel.nodes", "cluster"],
                 f"{self.parallel.nodes} nodes need a scheduler, but "
                 f"cluster={self.cluster.name.value}.",
-                "add cluster=slurm, or set parallel.nodes=1.",
+                "add cluster=slurm, or set parallel.nodes=1 (or, to try an elastic job on this "
+                "machine, one torchrun agent per node, parallel.min_nodes=1).",
             )
+        if self.parallel.elastic and self.train.max_restarts == 0:
+            raise ConfigError(
+                ["parallel.min_nodes", "train.max_restarts"],
+                "an elastic job goes on after a lost node by restarting its ranks, and "
+                "train.max_restarts=0 allows none.",
+                "set train.max_restarts=3 (or more), or drop parallel.min_nodes.",
+            )
+        if self.parallel.elastic and not self.batch.auto:  # auto: the plan checks its choice
+            self.check_elastic()
         if (self.parallel.replicate or 1) > 1 and self.engine.name != EngineName.fsdp:
             raise ConfigError(
                 ["parallel.replicate", "engine"],
@@ -115,6 +126,41 @@ class RootConfig:
                 f"data={self.data.name.value} is byte-level: it needs at least 256 tokens, got "
                 f"{self.model.vocab}.",
                 "set model.vocab_size=auto (256).",
+            )
+
+    def on_nodes(self, nodes: int) -> RootConfig:
+        """This run on `nodes` of its nodes (an elastic job that lost some): the same ranks per
+        node, the same global batch and micro-batch, grad_accum derived again."""
+        parallel, split = self.parallel, self.split()
+        if nodes == parallel.nodes:
+            return self
+        dp = nodes * parallel.ranks_per_node
+        resolve_batch(split.global_size, split.micro_size, None, dp)  # raises when it does not
+        return replace(
+            self,
+            parallel=replace(parallel, dp=dp, nodes=nodes, replicate=None),
+            batch=replace(self.batch, micro_size=split.micro_size, grad_accum=None),
+        )
+
+    def check_elastic(self) -> None:
+        """Every allowed number of nodes holds the global batch in whole micro-batches; else one
+        error naming the sizes that do not."""
+        parallel, split = self.parallel, self.split()
+        bad = []
+        for nodes in range(parallel.least_nodes, parallel.nodes):
+            try:
+                self.on_nodes(nodes)
+            except ConfigError:
+                bad.append(nodes)
+        if bad:
+            sizes = ", ".join(f"{n} node(s) (dp {n * parallel.ranks_per_node})" for n in bad)
+            raise ConfigError(
+                ["parallel.min_nodes", "batch.global_size", "batch.micro_size"],
+                f"the global batch of {split.global_size} does not split into micro-batches of "
+                f"{split.micro_size} on {sizes}.",
+                f"set parallel.min_nodes={max(bad) + 1}, or a batch.global_size that is a "
+                f"multiple of batch.micro_size x dp for every size from {parallel.least_nodes} to "
+                f"{parallel.nodes} nodes.",
             )
 
     def split(self) -> BatchSplit:

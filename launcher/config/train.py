@@ -89,6 +89,11 @@ class TrainConfig:
     """Plain log line every N steps when output is not a terminal."""
     max_restarts: int = 0
     """torchrun elastic restarts after a rank dies (resume from the newest checkpoint)."""
+    hang_timeout: float = 900.0
+    """Seconds a rank may go without finishing an optimizer step before the job is declared hung:
+    the rank is named with its stack, every rank's stacks go to hang_report.txt, and the job ends
+    with exit status HUNG (or restarts, train.max_restarts). Not counted: start-up and the first
+    step (compilation), checkpoint saves, the end. 0 disables the watchdog."""
     peak_flops: float | None = None
     """Device peak FLOP/s for MFU; null looks the device up in a table."""
     compile: bool = False
@@ -104,6 +109,7 @@ class TrainConfig:
         require_positive("train.steps", self.steps)
         require_positive("train.log_every", self.log_every)
         require_non_negative("train.max_restarts", self.max_restarts)
+        require_non_negative("train.hang_timeout", self.hang_timeout)
         require_positive("train.peak_flops", self.peak_flops, allow_none=True)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(
@@ -113,6 +119,12 @@ class TrainConfig:
             raise ConfigError("train.resume", "is empty.", "use auto, never or a checkpoint path.")
         if self.memory_budget is not None:
             parse_size("train.memory_budget", self.memory_budget)
+
+    @property
+    def process_group_timeout_s(self) -> float:
+        """The process group's own timeout: twice train.hang_timeout (at least 10 minutes), so the
+        watchdog names a hung rank before a collective times out."""
+        return max(600.0, 2 * self.hang_timeout)
 
     @property
     def memory_budget_bytes(self) -> int | None:

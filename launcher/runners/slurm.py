@@ -81,7 +81,7 @@ def _directives(cfg: RootConfig, run_dir: Path) -> list[str]:
     out, err = slurm_logs(run_dir)
     options: list[str | None] = [
         f"--job-name={cluster.job_name}",
-        f"--nodes={cfg.parallel.nodes}",
+        f"--nodes={_node_count(cfg)}",
         "--ntasks-per-node=1",
         f"--gpus-per-node={cluster.gpus_per_node}" if cluster.gpus_per_node else None,
         f"--cpus-per-task={cluster.cpus_per_task}" if cluster.cpus_per_task else None,
@@ -99,6 +99,16 @@ def _directives(cfg: RootConfig, run_dir: Path) -> list[str]:
         *cluster.extra_directives,
     ]
     return [f"#SBATCH {option}" for option in options if option is not None]
+
+
+def _node_count(cfg: RootConfig) -> str:
+    """sbatch's node count: N, or (elastic, parallel.min_nodes) the range MIN-N, so that a
+    requeued job (a node failed) starts on the nodes there are; its ranks derive the split for
+    the world they get (launcher/worker/elastic.py)."""
+    parallel = cfg.parallel
+    if parallel.elastic:
+        return f"{parallel.least_nodes}-{parallel.nodes}"
+    return str(parallel.nodes)
 
 
 def _fill(template: str, values: dict[str, str]) -> str:

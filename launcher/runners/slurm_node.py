@@ -23,11 +23,11 @@ import signal
 import socket
 import sys
 from collections.abc import Iterable
-from contextlib import suppress
+from contextlib import AbstractContextManager, nullcontext, suppress
 from pathlib import Path
 from types import FrameType
 
-from launcher.exit_codes import FAILED, STOPPED_RESUMABLE
+from launcher.exit_codes import FAILED, HUNG, STOPPED_RESUMABLE
 from launcher.lifetime import RunDirectoryBusy, RunLock
 from launcher.rundir import AGENT_DIR, rank_failures_file
 
@@ -92,13 +92,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: list[str], run_dir: Path | None, node: str, scratch: Path | None) -> int:
     from launcher.runners.agent import blame, run_agent, write_failures
+    from launcher.runners.watchdog import Watchdog, hang_exit_line
 
     for sig in AGENT_IGNORES:
         signal.signal(sig, _ignore)
     log_dir = [f"--log-dir={scratch}"] if scratch is not None else []
-    failures = run_agent(torchrun_args([*log_dir, *args]))
+    watchdog: AbstractContextManager[object] = (
+        Watchdog(run_dir) if run_dir is not None else nullcontext()
+    )
+    with watchdog:
+        failures = run_agent(torchrun_args([*log_dir, *args]))
     if not failures:
         return 0
+    if isinstance(watchdog, Watchdog) and watchdog.hangs:
+        print(f"error: {node}: {hang_exit_line(watchdog.hangs, HUNG)}", file=sys.stderr)
+        return HUNG
     if resumable(f.exitcode for f in failures):
         print(
             f"launcher: {node}: {len(failures)} rank(s) stopped resumably "

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.config.root import RootConfig
-from launcher.exit_codes import FAILED, STOPPED_RESUMABLE
+from launcher.exit_codes import FAILED, HUNG, STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.rundir import (
     AGENT_DIR,
@@ -50,11 +50,17 @@ def torchrun_argv(cfg: RootConfig, run_dir: Path, worker: str = "launcher.worker
     `launch` relays SIGTERM, SIGUSR1, SIGINT and SIGHUP to the ranks itself.
     """
     from launcher.runners.agent import handles_signals_option
+    from launcher.runners.local_nodes import elastic_args, free_port
 
     signals = ["--signals_to_handle=SIGQUIT"] if handles_signals_option() else []
+    membership = (
+        elastic_args(cfg, free_port(), run_dir.name or "launcher")
+        if cfg.parallel.nodes > 1  # an elastic job on this machine: one agent per node
+        else ["--standalone"]
+    )
     return [
         TORCHRUN,
-        "--standalone",
+        *membership,
         f"--nproc_per_node={cfg.parallel.ranks_per_node}",
         f"--max_restarts={cfg.train.max_restarts}",
         f"--monitor_interval={MONITOR_INTERVAL_S}",
@@ -87,8 +93,12 @@ class TorchrunRunner(LocalRunner):
         return environment_additions(cfg)
 
     def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
-        del cfg  # the ranks read config.yaml
-        return run_torchrun(run_dir, plan.command, plan.env)
+        if cfg.parallel.nodes == 1:  # the ranks read config.yaml
+            return run_torchrun(run_dir, plan.command, plan.env)
+        from launcher.runners.local_nodes import other_nodes
+
+        with other_nodes(cfg, plan.command[1:], plan.env):
+            return run_torchrun(run_dir, plan.command, plan.env)
 
 
 @contextmanager
@@ -107,19 +117,21 @@ def _environment(additions: dict[str, str]) -> Iterator[None]:
 def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
     """Run the planned torchrun command, in this process, with the planned environment additions.
 
-    Exit status: 0, STOPPED_RESUMABLE after a graceful stop, 143 after a second SIGTERM, the status
-    of the rank that failed first (named), or 1 when a signal ended it. A second Ctrl-C raises
+    Exit status: 0, STOPPED_RESUMABLE after a graceful stop, 143 after a second SIGTERM, HUNG when
+    the hang watchdog ended the ranks and no restart was left, the status of the rank that failed
+    first (named), or 1 when a signal ended it. A second Ctrl-C raises
     KeyboardInterrupt.
     """
     from launcher.runners.agent import blame, run_agent, write_failures
     from launcher.runners.signals import StopAtOnce, forward_stop_signals
+    from launcher.runners.watchdog import Watchdog, hang_exit_line
 
     assert argv[0] == TORCHRUN, argv
     clear_rank_errors(run_dir)
     clear_stopped(run_dir)
     rank_failures_file(run_dir).unlink(missing_ok=True)
     try:
-        with _environment(env), forward_stop_signals():
+        with _environment(env), forward_stop_signals(), Watchdog(run_dir) as watchdog:
             failures = run_agent(argv[1:])
     except StopAtOnce:
         if read_stopped(run_dir) is not None:
@@ -132,6 +144,10 @@ def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
         shutil.rmtree(run_dir / AGENT_DIR, ignore_errors=True)
     if read_stopped(run_dir) is not None:
         return STOPPED_RESUMABLE  # stopped on a signal after a checkpoint (rank 0 said where)
+    if failures and watchdog.hangs:
+        write_failures(rank_failures_file(run_dir), failures)
+        log.error(hang_exit_line(watchdog.hangs, HUNG))
+        return HUNG
     if failures:
         write_failures(rank_failures_file(run_dir), failures)
         log.error(blame(failures, run_dir))

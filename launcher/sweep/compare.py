@@ -51,6 +51,7 @@ HOW_KEYS = (
     "train.log_every",
     "train.device",
     "train.max_restarts",
+    "train.hang_timeout",
     "train.resume",
     "train.peak_flops",
     "data.eval_problems",

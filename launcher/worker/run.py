@@ -18,12 +18,7 @@ from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
 from launcher.data.build import Datasets, build_datasets, model_vocab, vocab_of
 from launcher.data.mixture import MixtureDataset
-from launcher.distributed import (
-    DistContext,
-    check_world_size,
-    init_distributed,
-    teardown_distributed,
-)
+from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.engines import build_engine
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger, setup_logging
@@ -49,7 +44,9 @@ from launcher.worker.compile import (
     eager,
 )
 from launcher.worker.debug import debug_callbacks, loss_function, save_pause
+from launcher.worker.elastic import announce_restart, config_for_world
 from launcher.worker.evaluate import exact_match
+from launcher.worker.heartbeat import start_heartbeat
 from launcher.worker.stop import (
     StopFlag,
     requeued_by_slurm,
@@ -109,7 +106,7 @@ def build_data(cfg: RootConfig, model: nn.Module) -> Datasets:
 def train_rank(
     cfg: RootConfig, run_dir: Path, ctx: DistContext, stop: StopFlag | None = None
 ) -> RunEnd:
-    check_world_size(ctx, cfg.parallel.dp, cfg.parallel.nodes)
+    as_planned, cfg = cfg, config_for_world(cfg, ctx)  # elastic: the split for the ranks it got
     require_planned(cfg)  # batch.micro_size=auto / ac=auto are chosen by the plan, never here
     split = cfg.split()
     model = build_model(cfg)
@@ -129,7 +126,9 @@ def train_rank(
     meter = PeakMeter(ctx.device, engine.model, cfg.train.steps, planned, ctx.is_main)
     tracker.peak_meter = meter
     # Checkpoints first: a test's pause after a step comes once the step is saved.
-    trainer.callbacks = [meter, checkpoints, *debug_callbacks(cfg, ctx.rank)]
+    heartbeat = start_heartbeat(cfg, run_dir, ctx.rank, checkpoints.saves_after)
+    beats = [heartbeat] if heartbeat is not None else []  # before the saves: they are not timed
+    trainer.callbacks = [meter, *beats, checkpoints, *debug_callbacks(cfg, ctx.rank)]
     if cfg.train.compile:
         tracker.compile_clock = compile_seconds
         trainer.callbacks.insert(1, EagerWhileMeasured(meter))  # after the meter opens
@@ -139,10 +138,14 @@ def train_rank(
         resumed = checkpoints.resume(restarted=restart_attempt() > 0 or requeued_by_slurm())
         if resumed is not None:
             trainer.continue_from(resumed.step, resumed.totals)
+        announce_restart(as_planned, cfg, run_dir, ctx, resumed)
         # metrics.jsonl holds each step once: lines past the checkpoint (or all of them, when
         # training starts over from step 1) belong to a run that did not get to save them.
         tracker.rewind(resumed.step if resumed is not None else 0)
-        if not trainer.train(stop):
+        trained = trainer.train(stop)
+        if heartbeat is not None:
+            heartbeat.end()
+        if not trained:
             # Every rank agreed to stop at this step boundary: save, mark, exit 75.
             saved = checkpoints.stop(stop.signal_name if stop is not None else None)
             tracker.close(STOPPED_RESUMABLE)
@@ -219,7 +222,7 @@ def run_worker(cfg: RootConfig, run_dir: Path) -> RunEnd:
         # torchrun restarts ranks that exit non-zero; after a deliberate stop nothing may train.
         return StoppedRun()
     with stop_on_signals() as stop:
-        ctx = init_distributed(cfg.train.device)
+        ctx = init_distributed(cfg.train.device, cfg.train.process_group_timeout_s)
         setup_logging(ctx.rank)
         warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
         if ctx.is_main and restart_attempt() == 0:

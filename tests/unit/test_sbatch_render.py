@@ -190,3 +190,15 @@ def test_sbatch_argv() -> None:
         "--parsable",
         "--wait",
     ]
+
+
+def test_an_elastic_job_asks_for_a_node_count_range_and_is_requeued() -> None:
+    cfg = slurm_config(
+        parallel={"dp": 4, "nodes": 2, "min_nodes": 1},
+        batch={"global_size": 8, "micro_size": 2},
+        train={"max_restarts": 1},
+        cluster={"max_requeues": 3},
+    )
+    text = render_sbatch(cfg, RUN_DIR)
+    assert "#SBATCH --nodes=1-2\n" in text and "#SBATCH --requeue\n" in text
+    assert '--nnodes="$SLURM_NNODES"' in text  # the allocation's nodes, whatever SLURM gave

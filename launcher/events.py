@@ -1,0 +1,38 @@
+"""events.jsonl: one JSON line per hang, restart or elastic change of a run, written by whoever
+saw it (the watchdog in `launch` or a node's agent; rank 0 at a restart).
+
+Each record has at least `event` (hang | restart), `time` (seconds since the epoch) and what
+the event is about (ranks, hosts, steps).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.rundir import EVENTS_FILE
+
+
+def record_event(run_dir: Path, event: str, **fields: Any) -> dict[str, Any]:
+    """Append one record (one write of one line: appends from several processes do not mix)."""
+    record = {"event": event, "time": round(time.time(), 3), **fields}
+    line = json.dumps(record, default=str) + "\n"
+    with open(run_dir / EVENTS_FILE, "a", encoding="utf-8") as f:
+        f.write(line)
+    return record
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        lines = (run_dir / EVENTS_FILE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    events = []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a kill
+    return events

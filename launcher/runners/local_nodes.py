@@ -1,0 +1,113 @@
+"""An elastic job on this machine (cluster=local, parallel.min_nodes < parallel.nodes): one
+torchrun agent per "node", all here, meeting at an elastic c10d rendezvous.
+
+`launch` runs the first agent itself (it hosts the rendezvous store, as a SLURM job's first node
+does) and starts the others as `python -m launcher.runners.local_nodes <torchrun arguments>`
+(torchrun's agent, with the hang watchdog and the failure report of a SLURM node,
+launcher/runners/slurm_node.py). A node that dies (its agent killed) ends its ranks; the others'
+ranks fail in their next collective, their agents restart them (train.max_restarts), the
+rendezvous closes with the nodes that are left (at least parallel.min_nodes), and the ranks derive
+the split for that world and resume from the newest checkpoint (launcher/worker/elastic.py).
+
+The rendezvous is tuned for one machine: a node whose agent stops reporting is dropped after
+about 3 s (keep_alive_interval=1 x keep_alive_max_attempt=3) and the rendezvous closes 1 s after
+the fewest nodes have joined (last_call_timeout=1).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from launcher.config.root import RootConfig
+from launcher.lifetime import die_with_parent
+from launcher.rundir import AGENT_DIR
+
+NODE_ENV = "LAUNCHER_LOCAL_NODE"
+"""In each extra agent's environment: its node index (1, 2, ...)."""
+RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def elastic_args(cfg: RootConfig, port: int, run_id: str) -> list[str]:
+    """torchrun's elastic membership: MIN:MAX nodes at a c10d rendezvous on this machine."""
+    parallel = cfg.parallel
+    return [
+        f"--nnodes={parallel.least_nodes}:{parallel.nodes}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint=127.0.0.1:{port}",
+        f"--rdzv_id={run_id}",
+        f"--rdzv_conf=is_host=true,{RDZV_CONF}",
+    ]
+
+
+def other_node_args(argv: list[str], node: int) -> list[str]:
+    """Node `node`'s torchrun arguments from the first node's: a client of its store, with a
+    scratch directory of its own."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--rdzv_conf="):
+            arg = arg.replace("is_host=true", "is_host=false")
+        elif arg.startswith("--log-dir="):
+            arg = f"{arg}-node{node}"
+        out.append(arg)
+    return out
+
+
+@contextmanager
+def other_nodes(
+    cfg: RootConfig, argv: list[str], env: dict[str, str]
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The agents of nodes 1.. while the first node's agent runs here; they die with `launch`
+    and are ended when it returns."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "launcher.runners.local_nodes", *other_node_args(argv, n)],
+            env={**os.environ, **env, NODE_ENV: str(n)},
+        )
+        for n in range(1, cfg.parallel.nodes)
+    ]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One extra node's agent (started by `launch`, dies with it)."""
+    die_with_parent()
+    from launcher.runners.slurm_node import _run, run_dir_of
+
+    args = sys.argv[1:] if argv is None else argv
+    node = f"node{os.environ.get(NODE_ENV, '?')}"
+    run_dir = run_dir_of(args)
+    log_dir = next((a.split("=", 1)[1] for a in args if a.startswith("--log-dir=")), None)
+    args = [a for a in args if not a.startswith("--log-dir=")]
+    scratch = Path(log_dir) if log_dir else (run_dir / AGENT_DIR if run_dir else None)
+    try:
+        return _run(args, run_dir, node, scratch)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    from launcher.lifetime import exit_now
+
+    exit_now(main())

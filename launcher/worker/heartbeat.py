@@ -1,0 +1,110 @@
+"""A rank's progress, for the watchdog of the process that started it
+(launcher/runners/watchdog.py).
+
+With train.hang_timeout > 0 each rank keeps `<run dir>/heartbeats/rank<r>.json` up to date: its
+host, pid, the step it is at, and the deadline by which it must next report (now +
+hang_timeout), or none while it is in a phase that the watchdog does not time: start-up and the
+first step of the process (model building, compilation, a resume), a checkpoint save, the end.
+A file write per optimizer step, atomic (written beside, then renamed), nothing collective.
+
+On SIGUSR2 the rank writes the Python stacks of all its threads into `rank<r>.stacks`
+(faulthandler: the kernel runs it even while the rank waits inside a collective).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from launcher.config.root import RootConfig
+from launcher.lifetime import AGENT_PID_ENV
+from launcher.rundir import heartbeat_file, stacks_file
+
+DUMP_SIGNAL = signal.SIGUSR2
+"""The signal the watchdog sends a rank for its stacks."""
+
+
+class Heartbeat:
+    """A step callback (place it before the checkpoints): reports each step's start and end.
+
+    saves_after: whether a checkpoint is saved after this step (the save is not timed).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        rank: int,
+        timeout_s: float,
+        saves_after: Callable[[int], bool],
+    ) -> None:
+        self.path = heartbeat_file(run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank, self.timeout_s, self.saves_after = rank, timeout_s, saves_after
+        self.first: int | None = None
+        self.step = 0
+        self.host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        self._stacks: IO[str] | None = None
+        self.beat(0, "start", timed=False)
+
+    def dump_stacks_on_signal(self) -> None:
+        """SIGUSR2 writes this rank's stacks (all threads) to heartbeats/rank<r>.stacks."""
+        path = stacks_file(self.path.parent.parent, self.rank)
+        self._stacks = open(path, "w", encoding="utf-8")  # noqa: SIM115 (open while registered)
+        faulthandler.register(DUMP_SIGNAL, file=self._stacks, all_threads=True)
+
+    def beat(self, step: int, phase: str, timed: bool = True) -> None:
+        now, self.step = time.time(), step
+        record = {
+            "rank": self.rank,
+            "host": self.host,
+            "pid": os.getpid(),
+            "step": step,
+            "phase": phase,
+            "time": now,
+            "timeout": self.timeout_s,
+            "deadline": now + self.timeout_s if timed else None,
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        tmp.replace(self.path)
+
+    def before_step(self, step: int) -> None:
+        if self.first is None:
+            self.first = step  # warm-up: compilation, the first collectives, a resumed state
+            self.beat(step - 1, "warmup", timed=False)
+        else:
+            self.beat(step - 1, "step")
+
+    def after_step(self, step: int) -> None:
+        saving = self.saves_after(step)
+        self.beat(step, "save" if saving else "step", timed=not saving)
+
+    def end(self) -> None:
+        """Training is over (the final save, the summary follow): nothing timed any more."""
+        self.beat(self.step, "end", timed=False)
+        if self._stacks is not None:
+            faulthandler.unregister(DUMP_SIGNAL)
+            self._stacks.close()
+            self._stacks = None
+
+
+def start_heartbeat(
+    cfg: RootConfig, run_dir: Path, rank: int, saves_after: Callable[[int], bool]
+) -> Heartbeat | None:
+    """The rank's heartbeat (its stacks on SIGUSR2 too); None with train.hang_timeout=0 or with
+    no watchdog to read it (a rank not started by torchrun's agent: the in-process run)."""
+    if not cfg.train.hang_timeout or AGENT_PID_ENV not in os.environ:
+        return None
+    steps = cfg.train.steps
+    heartbeat = Heartbeat(
+        run_dir, rank, cfg.train.hang_timeout, lambda s: s >= steps or saves_after(s)
+    )
+    heartbeat.dump_stacks_on_signal()
+    return heartbeat

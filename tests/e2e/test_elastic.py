@@ -1,0 +1,62 @@
+"""parallel.min_nodes: a 2-node elastic job on this machine (two torchrun agents, dp=2 in all)
+loses a node (its agent SIGKILLed mid-run); it goes on with the other, on the split derived for
+one rank (the same global batch, twice the accumulation), resumed from the newest checkpoint, and
+its per-step losses are those of an uninterrupted one-process run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launcher.events import read_events
+from tests.e2e.test_resume import COMMON, DP1, ENV, SLOW, Launch, last_per_step
+from tests.helpers import max_rel_diff, read_losses, read_summary, run_launch
+from tests.once import built_once
+
+pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
+
+ELASTIC = [
+    "parallel.dp=2",
+    "parallel.nodes=2",
+    "parallel.min_nodes=1",
+    "batch.micro_size=4",
+    "train.max_restarts=2",
+    "checkpoint.every=2",
+]
+
+
+def other_agent(launch_pid: int) -> psutil.Process:
+    """The second node's agent (the first one runs inside `launch`)."""
+    for proc in psutil.Process(launch_pid).children():
+        if "launcher.runners.local_nodes" in " ".join(proc.cmdline()):
+            return proc
+    raise AssertionError("no second agent")
+
+
+def test_a_lost_node_continues_on_the_other_with_the_same_losses(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    one_process = built_once(
+        tmp_path_factory,
+        "elastic_reference_dp1",
+        lambda path: run_launch([*COMMON, *DP1], path, env=ENV),
+    )
+    run_dir = tmp_path / "run"
+    launch = Launch([*COMMON, *ELASTIC, SLOW], run_dir)
+    launch.wait_for_step(5)
+    other_agent(launch.proc.pid).kill()  # the node dies, its rank with it
+    code = launch.wait()
+    output = launch.output
+    assert code == 0, output
+
+    (restart,) = [e for e in read_events(run_dir) if e["event"] == "restart"]
+    step = restart["from_step"]
+    assert step >= 4 and step % 2 == 0, restart  # the newest checkpoint (checkpoint.every=2)
+    assert (restart["nodes"], restart["dp"], restart["grad_accum"]) == (1, 1, 2)
+    assert restart["previous"] == {"dp": 2, "grad_accum": 1}
+    assert f"restarted on 1 node (dp 2 -> 1, grad_accum 1 -> 2), from step {step}" in output
+    summary = read_summary(run_dir)
+    assert summary["world_size"] == 1 and summary["grad_accum"] == 2
+    assert max_rel_diff(last_per_step(run_dir), read_losses(one_process)) < 1e-5
