@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from launcher.config.data import DataConfig
+from launcher.config.data import CONCAT, DataConfig
 from launcher.config.root import RootConfig
 from launcher.config.sources import expand, names_many
 from launcher.data.packing import PLACEMENT
@@ -25,6 +25,7 @@ log = get_logger("checkpoint")
 
 STEPS_KEY = "train.steps"
 ORDER_KEY = "data.order"
+DOCUMENTS_KEY = "data.cross_document_attention"
 LEGACY_ORDER = "randperm"
 """The sample order of checkpoints written before the order was recorded in the fingerprint."""
 
@@ -131,6 +132,8 @@ def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path, warn: bo
     if saved and ORDER_KEY not in saved:
         check_legacy_order(cfg, path)
         saved[ORDER_KEY] = LEGACY_ORDER
+    if saved:
+        _before_document_masks(saved)
     changed = [k for k in now if k in saved and saved[k] != now[k]]
     if STEPS_KEY in changed:
         changed.remove(STEPS_KEY)
@@ -156,6 +159,19 @@ def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path, warn: bo
             "the checkpoints with train.resume=never checkpoint.overwrite=true.",
         )
     check_engine_format(meta, cfg, path)
+
+
+def _before_document_masks(saved: dict[str, Any]) -> None:
+    """A checkpoint from before document masks (no data.cross_document_attention) said what it
+    trained on in today's words: its data=hf windows were concatenated with attention across
+    documents when it pretrained or packed, and data.packing=true meant concatenate-and-cut then.
+    So resuming it asks for those settings by name instead of training on other windows."""
+    if DOCUMENTS_KEY in saved or saved.get("data.name") != "hf":
+        return
+    if saved.get("data.packing") is True:
+        saved["data.packing"] = CONCAT
+    pretraining = saved.get("data.prompt_field") is None
+    saved[DOCUMENTS_KEY] = pretraining or saved.get("data.packing") == CONCAT
 
 
 def check_legacy_order(cfg: RootConfig, path: Path) -> None:

@@ -191,3 +191,33 @@ def test_the_fingerprint_holds_the_layout_and_the_conversation_keys() -> None:
     every = fingerprint(to_root_config({"data": {**base, "packing": True, "train_on": "all"}}))
     assert every["data.train_on"] == "all"
     assert "data.packing_layout" not in fingerprint(to_root_config({"data": base}))
+
+
+@pytest.mark.parametrize(
+    ("before", "resumes_with"),
+    [
+        ({}, {"cross_document_attention": True}),  # pretraining: attention ran across documents
+        ({"packing": True}, {"packing": "concat", "cross_document_attention": True}),
+    ],
+)
+def test_a_checkpoint_from_before_document_masks_resumes_only_on_its_own_windows(
+    tmp_path: Path, before: dict[str, Any], resumes_with: dict[str, Any]
+) -> None:
+    """Before document masks, data=hf pretraining attended across documents and packing=true
+    meant concatenate-and-cut: such a checkpoint (no data.cross_document_attention in its
+    fingerprint) is refused on today's defaults, with the settings that train its windows."""
+    from launcher.checkpoint.compat import check_compatible, fingerprint
+
+    base = {"name": "hf", "path": "x", "tokenizer": "t"}
+    old = fingerprint(to_root_config({"data": {**base, **before}}))
+    old.pop("data.cross_document_attention")
+    old.pop("data.packing_layout", None)
+    if before.get("packing") is True:
+        old["data.packing"] = True  # what a checkpoint of then says
+    meta = {"fingerprint": old}
+    with pytest.raises(ConfigError) as refused:
+        check_compatible(meta, to_root_config({"data": {**base, **before}}), tmp_path)
+    fix = str(refused.value).split("Fix: resume with ")[1].split(",")[0]
+    given = dict(item.split("=", 1) for item in fix.split())
+    assert given == {f"data.{k}": str(v) for k, v in resumes_with.items()}
+    check_compatible(meta, to_root_config({"data": {**base, **resumes_with}}), tmp_path)
