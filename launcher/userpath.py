@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import os
 import secrets
 import shlex
@@ -237,19 +238,39 @@ def open_output(
     target = check_output_file(path, key)
     mode = "wb" if binary else "w"
     text: dict[str, Any] = {} if binary else {"encoding": "utf-8", "newline": newline}
-    if target.way is Way.DESCRIPTOR:  # the open file itself, at its offset: reopening truncates
-        assert target.descriptor is not None
-        sys.stdout.flush()
-        sys.stderr.flush()
-        with open(os.dup(target.descriptor), mode, **text) as out:
-            yield out
-        return
-    if target.way is Way.IN_PLACE:
-        with open(target.path, mode, **text) as out:
-            yield out
-        return
-    with _replacing(target.path, key, mode, text) as out:
-        yield out
+    try:
+        if target.way is Way.DESCRIPTOR:  # the open file, at its offset: reopening truncates
+            assert target.descriptor is not None
+            sys.stdout.flush()
+            sys.stderr.flush()
+            with open(os.dup(target.descriptor), mode, **text) as out:
+                yield out
+        elif target.way is Way.IN_PLACE:
+            with open(target.path, mode, **text) as out:
+                yield out
+        else:
+            with _replacing(target.path, key, mode, text) as out:
+                yield out
+    except OSError as exc:  # a full disk: one error, never a traceback
+        failed = write_failed(exc, key, str(path), kept=target.way is Way.REPLACE)
+        if failed is None:
+            raise
+        raise failed from None
+
+
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
+"""A write that fails for the file system's reason (full, over quota or the file size limit)."""
+
+
+def write_failed(exc: OSError, key: str, where: str, kept: bool = False) -> ConfigError | None:
+    """One error naming `key` for a write the file system refused; None for other errors."""
+    if exc.errno not in WRITE_ERRNOS:
+        return None
+    return ConfigError(
+        key,
+        f"cannot write {where} ({exc.strerror})" + ("; it is as it was." if kept else "."),
+        "free space there, or give a path on another file system.",
+    )
 
 
 @contextlib.contextmanager
