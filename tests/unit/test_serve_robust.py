@@ -274,3 +274,15 @@ def test_a_template_that_fails_on_the_messages_is_a_400(chat: object) -> None:
         fine = {"messages": [{"role": "user", "content": "ab"}], "max_tokens": 2}
         assert client.post("/v1/chat/completions", json=fine).status_code == 200
         assert client.get("/health").status_code == 200
+
+
+def test_an_empty_stop_string_of_generate_is_one_error() -> None:
+    """`"stop": ""` matched at once: every completion came back empty without a word (the API
+    refuses it; so does generate now, as it refused `"stop": [""]`)."""
+    from launcher.errors import ConfigError
+    from launcher.serve.prompts import parse_line
+
+    for stop in ('""', '[""]', '["a", ""]'):
+        with pytest.raises(ConfigError, match='"stop" must be a string or a list of non-empty'):
+            parse_line(3, f'{{"prompt": "a", "stop": {stop}}}', "p.jsonl")
+    assert parse_line(3, '{"prompt": "a", "stop": "."}', "p").stop == (".",)
