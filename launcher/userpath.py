@@ -12,6 +12,8 @@ The rule, as docs/development.md states it:
 - A symbolic link is written through to the file it leads to, as a shell's `>` would: the link
   is resolved, the temporary file made beside the resolved file and renamed over it; the link
   stays a link. A dangling link is refused (a shell would create its target).
+  Another user's link in a sticky world-writable directory (/tmp) is refused, as the kernel's
+  protected_symlinks rule refuses it to a shell.
 - A FIFO, a device (/dev/null), a socket and any name under /dev or /proc is written in place
   (renaming over one would replace a device node with a file); a descriptor's name
   (/dev/stdout, /dev/fd/N, /proc/self/fd/N) is that open descriptor, at its offset.
@@ -98,6 +100,7 @@ def check_output_file(path: Path | str, key: str) -> OutputTarget:
                 "give a file path.",
             ) from None
         return OutputTarget(Way.DESCRIPTOR, path, descriptor)
+    _refuse_planted_links(path, key)
     try:
         status = os.stat(path)  # follows links: what a write would reach
     except FileNotFoundError:
@@ -136,6 +139,31 @@ def check_output_file(path: Path | str, key: str) -> OutputTarget:
     if not os.access(path, os.W_OK):
         raise ConfigError(key, f"{path} is not writable.", "give a path this user can write.")
     return OutputTarget(Way.IN_PLACE, path)
+
+
+def _refuse_planted_links(path: Path, key: str) -> None:
+    """The kernel's protected_symlinks rule, applied whatever the sysctl says (the link is
+    resolved here, not by open(2)): a link in a sticky world-writable directory (/tmp) is followed
+    only when this user or the directory's owner owns it, so that another user's planted
+    `/tmp/out.jsonl -> /etc/passwd` is not written through by root."""
+    for _ in range(40):  # the kernel's own limit on links followed
+        try:
+            link = os.lstat(path)
+            if not stat.S_ISLNK(link.st_mode):
+                return
+            folder = os.stat(path.parent)
+        except OSError:
+            return  # os.stat below names the problem
+        shared = folder.st_mode & stat.S_ISVTX and folder.st_mode & stat.S_IWOTH
+        if shared and link.st_uid not in (os.geteuid(), folder.st_uid):
+            raise ConfigError(
+                key,
+                f"{path} is a symbolic link owned by another user (uid {link.st_uid}) in the "
+                f"shared directory {path.parent}; it is not followed (another user's link there "
+                "could lead anywhere).",
+                "give a path in a directory of your own.",
+            )
+        path = path.parent / os.readlink(path)
 
 
 def _check_parent(target: Path, key: str) -> None:

@@ -240,3 +240,28 @@ def test_a_full_file_system_is_one_error_and_the_old_file_stays(tmp_path: Path) 
     planted.unchanged()
     with pytest.raises(ConfigError, match=r"cannot write /dev/full \(No space left on device\)"):
         write_output("/dev/full", KEY, "x" * 100_000)  # a device: written in place
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's link needs root")
+def test_another_users_link_in_a_shared_directory_is_not_followed(tmp_path: Path) -> None:
+    """The kernel's protected_symlinks rule (off in some containers, and bypassed anyway since the
+    link is resolved here, not by open(2)): another user's `/tmp/out.jsonl -> victim` was written
+    through by root. Our own link, or the directory owner's, still is."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    link = shared / "out.jsonl"
+    link.symlink_to(victim)
+    os.lchown(link, 65534, 65534)  # planted by nobody
+    hop = shared / "hop.jsonl"
+    hop.symlink_to(link)  # ours, leading to theirs
+    for name in (link, hop):
+        with pytest.raises(ConfigError, match=r"owned by another user \(uid 65534\)") as refused:
+            write_output(name, KEY, "new\n")
+        assert "Fix: give a path in a directory of your own." in str(refused.value)
+    assert victim.read_text() == "secret\n" and link.is_symlink()
+    os.lchown(link, os.geteuid(), os.getegid())
+    write_output(hop, KEY, "new\n")
+    assert victim.read_text() == "new\n" and link.is_symlink() and hop.is_symlink()
