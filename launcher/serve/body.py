@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from fastapi import Request as HttpRequest
+from starlette.requests import ClientDisconnect
 
 from launcher.serve.openai_errors import ApiError
 
@@ -46,11 +47,14 @@ async def _read(http: HttpRequest, limit: int) -> bytes:
     if declared is not None and (len(declared) > 18 or int(declared) > limit):
         raise _too_large(limit)
     chunks, size = [], 0
-    async for chunk in http.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in http.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone mid-body: nobody reads the answer, but no traceback either
+        raise ApiError("the client went away before its body arrived.") from None
     return b"".join(chunks)
 
 

@@ -48,7 +48,8 @@ class Codec:
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """The prompt text of chat messages, ready for the assistant's answer. ChatTemplateError
         when the template refuses them (Llama-2-style templates raise_exception unless user and
-        assistant alternate)."""
+        assistant alternate) or fails on them (any exception while it renders: a 400 with its
+        message, never a 500 with a traceback in the server's log)."""
         from jinja2 import TemplateError
 
         assert self.chat is not None
@@ -58,6 +59,8 @@ class Codec:
             )
         except TemplateError as exc:
             raise ChatTemplateError(str(exc) or type(exc).__name__) from None
+        except Exception as exc:  # a Python error inside the template (`'a' + 1`, `1 // 0`)
+            raise ChatTemplateError(f"{type(exc).__name__}: {exc}") from None
         return str(text)
 
 

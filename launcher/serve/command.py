@@ -110,7 +110,7 @@ def generate_main(argv: list[str]) -> int:
         if line.output:
             _generate_to_file(engine, requests, Path(line.output).expanduser(), generate)
         else:
-            generate(engine, requests, sys.stdout)
+            _generate_to_stdout(engine, requests, generate)
         check_failures(requests)
     except LauncherError as exc:
         return _refused(exc)
@@ -125,6 +125,24 @@ def _generate_to_file(engine: Any, requests: Any, path: Path, generate: Any) -> 
 
     with open_output(path, "--output") as out:
         generate(engine, requests, out)
+
+
+def _generate_to_stdout(engine: Any, requests: Any, generate: Any) -> None:
+    """The output on stdout; a reader that went away (`| head`) ends the command quietly, a full
+    disk behind `>` is one error."""
+    from launcher.serve.generate import GenerationFailed
+    from launcher.userpath import write_failed
+
+    try:
+        generate(engine, requests, sys.stdout)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        raise GenerationFailed("stdout was closed before every line was written.") from None
+    except OSError as exc:
+        failed = write_failed(exc, "stdout", "the output to stdout")
+        if failed is None:
+            raise
+        raise failed from None
 
 
 def serve_main(argv: list[str]) -> int:

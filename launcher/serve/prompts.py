@@ -28,7 +28,7 @@ class PromptLine:
 def _stop_strings(value: Any) -> tuple[str, ...] | None:
     if value is None:
         return ()
-    if isinstance(value, str):
+    if isinstance(value, str) and value:  # "" would end every completion at once, empty
         return (value,)
     if isinstance(value, list) and all(isinstance(s, str) and s for s in value):
         return tuple(value)

@@ -112,6 +112,8 @@ async def _answer(state: ServeState, http: HttpRequest, requests: list[Request])
     if everything.done():
         return True
     everything.cancel()
+    # Its CancelledError, taken, or asyncio logs "exception was never retrieved" per client gone.
+    everything.add_done_callback(lambda f: f.cancelled() or f.exception())
     for request in requests:
         request.cancelled = True
     return False

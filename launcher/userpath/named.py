@@ -10,6 +10,8 @@ directory the user names): the one writer and its preflight check, by this rule:
 - A symbolic link is written through to the file it leads to, as a shell's `>` would: the link
   is resolved, the temporary file made beside the resolved file and renamed over it; the link
   stays a link. A dangling link is refused (a shell would create its target).
+  Another user's link in a sticky world-writable directory (/tmp) is refused, as the kernel's
+  protected_symlinks rule refuses it to a shell.
 - A FIFO, a device (/dev/null), a socket and any name under /dev or /proc is written in place
   (renaming over one would replace a device node with a file); a descriptor's name
   (/dev/stdout, /dev/fd/N, /proc/self/fd/N) is that open descriptor, at its offset.
@@ -22,165 +24,23 @@ directory the user names): the one writer and its preflight check, by this rule:
 from __future__ import annotations
 
 import contextlib
-import enum
+import errno
 import os
 import secrets
-import shlex
 import stat
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from launcher.errors import ConfigError
-
-TEMP_INFIX = ".partial-"
-"""The temporary file beside NAME is `.NAME.partial-` and 8 random hex digits."""
-_TEMP_EXTRA_BYTES = 2 + len(TEMP_INFIX) + 8
-_DESCRIPTORS = {"/dev/stdout": 1, "/dev/stderr": 2}
-_DESCRIPTOR_FOLDERS = ("/dev/fd/", "/proc/self/fd/")
-
-
-class Way(enum.Enum):
-    REPLACE = "replace"  # a regular file or a new name: temporary file, rename
-    IN_PLACE = "in place"  # a FIFO, a device, a socket, a name under /dev or /proc
-    DESCRIPTOR = "descriptor"  # /dev/stdout, /dev/fd/N: the open descriptor itself
-
-
-@dataclass(frozen=True)
-class OutputTarget:
-    """How a user-named path is written. `path`: the file replaced (a link resolved), or the name
-    opened in place; `descriptor`: the descriptor a /dev/fd/N name stands for."""
-
-    way: Way
-    path: Path
-    descriptor: int | None = None
-
-
-def quoted(path: Path | str) -> str:
-    return shlex.quote(str(path))
-
-
-def descriptor_of(path: Path) -> int | None:
-    """The descriptor a path such as /dev/stdout or /dev/fd/3 names, or None."""
-    spelled = os.path.abspath(path)
-    if spelled in _DESCRIPTORS:
-        return _DESCRIPTORS[spelled]
-    for folder in _DESCRIPTOR_FOLDERS:
-        number = spelled.removeprefix(folder)
-        if number != spelled and number.isdigit():
-            return int(number)
-    return None
-
-
-def _system_name(path: Path) -> bool:
-    """A name under /dev or /proc: an open descriptor's or a device's, never a file to replace
-    (`--output /dev/stdout` inside `> out.txt` leads to out.txt, which the shell holds open)."""
-    return Path(os.path.abspath(path)).parts[1:2] in (("dev",), ("proc",))
-
-
-def check_output_file(path: Path | str, key: str) -> OutputTarget:
-    """Where and how `path` will be written; one ConfigError naming `key` when it cannot be.
-    Reads nothing but the path's own status and its parent's; changes nothing."""
-    path = Path(path)
-    descriptor = descriptor_of(path)
-    if descriptor is not None:
-        try:
-            os.fstat(descriptor)
-        except OSError:
-            raise ConfigError(
-                key,
-                f"{path} names descriptor {descriptor}, which is not open.",
-                "give a file path.",
-            ) from None
-        return OutputTarget(Way.DESCRIPTOR, path, descriptor)
-    try:
-        status = os.stat(path)  # follows links: what a write would reach
-    except FileNotFoundError:
-        status = None
-    except OSError as exc:  # a link loop, a name too long, a parent that is a file
-        raise ConfigError(
-            key, f"cannot use {path} ({exc.strerror}).", "give another file path."
-        ) from None
-    if status is None:
-        if os.path.islink(path):
-            raise ConfigError(
-                key,
-                f"{path} is a symbolic link to {os.readlink(path)}, which does not exist.",
-                f"give another path, or remove the link first: rm {quoted(path)}",
-            )
-        if _system_name(path):
-            raise ConfigError(
-                key,
-                f"{path} does not exist (only an existing name under /dev or /proc is written).",
-                "give a file path outside /dev and /proc.",
-            )
-        target = Path(os.path.abspath(path))
-        _check_parent(target, key)
-        return OutputTarget(Way.REPLACE, target)
-    if stat.S_ISDIR(status.st_mode):
-        raise ConfigError(
-            key,
-            f"{path} is a directory.",
-            f"give a file path, or move the directory away first: mv {quoted(path)} "
-            f"{quoted(str(path).rstrip('/') + '.old')}",
-        )
-    if stat.S_ISREG(status.st_mode) and not _system_name(path):
-        target = Path(os.path.realpath(path))  # a link: its file is replaced, as `>` writes it
-        _check_parent(target, key)
-        return OutputTarget(Way.REPLACE, target)
-    if not os.access(path, os.W_OK):
-        raise ConfigError(key, f"{path} is not writable.", "give a path this user can write.")
-    return OutputTarget(Way.IN_PLACE, path)
-
-
-def _check_parent(target: Path, key: str) -> None:
-    parent = target.parent
-    try:
-        status = os.stat(parent)
-    except FileNotFoundError:
-        raise ConfigError(
-            key, f"the directory {parent} does not exist.", f"mkdir -p {quoted(parent)}"
-        ) from None
-    except OSError as exc:
-        raise ConfigError(
-            key, f"cannot use {parent} ({exc.strerror}).", "give a path in another directory."
-        ) from None
-    if not stat.S_ISDIR(status.st_mode):
-        raise ConfigError(
-            key, f"{parent} is not a directory.", "give a path inside an existing directory."
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(
-            key,
-            f"cannot create files in {parent} (not writable by this user"
-            + (", a read-only file system" if _read_only(parent) else "")
-            + ").",
-            "give a path in a directory this user can write to.",
-        )
-    limit = _name_max(parent)
-    if len(os.fsencode(target.name)) > limit:
-        raise ConfigError(
-            key,
-            f"the name {target.name[:40]}... is {len(os.fsencode(target.name))} bytes; this "
-            f"file system allows {limit}.",
-            f"give a file name of at most {limit} bytes.",
-        )
-
-
-def _read_only(directory: Path) -> bool:
-    try:
-        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
-def _name_max(directory: Path) -> int:
-    try:
-        return int(os.pathconf(directory, "PC_NAME_MAX"))
-    except (OSError, ValueError):
-        return 255
+from launcher.userpath.check import (
+    TEMP_EXTRA_BYTES,
+    TEMP_INFIX,
+    Way,
+    check_output_file,
+    name_max,
+)
 
 
 def new_file_mode() -> int:
@@ -201,7 +61,7 @@ def new_file_mode() -> int:
 def _temp_name(name: str, limit: int) -> str:
     """`.NAME.partial-XXXXXXXX`, NAME cut (in bytes) so the whole fits the file system."""
     raw = os.fsencode(name)
-    room = max(1, limit - _TEMP_EXTRA_BYTES)
+    room = max(1, limit - TEMP_EXTRA_BYTES)
     if len(raw) > room:
         name = raw[:room].decode("utf-8", "ignore") or "output"
     return f".{name}{TEMP_INFIX}{secrets.token_hex(4)}"
@@ -235,19 +95,39 @@ def open_output(
     target = check_output_file(path, key)
     mode = "wb" if binary else "w"
     text: dict[str, Any] = {} if binary else {"encoding": "utf-8", "newline": newline}
-    if target.way is Way.DESCRIPTOR:  # the open file itself, at its offset: reopening truncates
-        assert target.descriptor is not None
-        sys.stdout.flush()
-        sys.stderr.flush()
-        with open(os.dup(target.descriptor), mode, **text) as out:
-            yield out
-        return
-    if target.way is Way.IN_PLACE:
-        with open(target.path, mode, **text) as out:
-            yield out
-        return
-    with replacing(target.path, key, mode, text) as out:
-        yield out
+    try:
+        if target.way is Way.DESCRIPTOR:  # the open file, at its offset: reopening truncates
+            assert target.descriptor is not None
+            sys.stdout.flush()
+            sys.stderr.flush()
+            with open(os.dup(target.descriptor), mode, **text) as out:
+                yield out
+        elif target.way is Way.IN_PLACE:
+            with open(target.path, mode, **text) as out:
+                yield out
+        else:
+            with replacing(target.path, key, mode, text) as out:
+                yield out
+    except OSError as exc:  # a full disk: one error, never a traceback
+        failed = write_failed(exc, key, str(path), kept=target.way is Way.REPLACE)
+        if failed is None:
+            raise
+        raise failed from None
+
+
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
+"""A write that fails for the file system's reason (full, over quota or the file size limit)."""
+
+
+def write_failed(exc: OSError, key: str, where: str, kept: bool = False) -> ConfigError | None:
+    """One error naming `key` for a write the file system refused; None for other errors."""
+    if exc.errno not in WRITE_ERRNOS:
+        return None
+    return ConfigError(
+        key,
+        f"cannot write {where} ({exc.strerror})" + ("; it is as it was." if kept else "."),
+        "free space there, or give a path on another file system.",
+    )
 
 
 @contextlib.contextmanager
@@ -257,7 +137,7 @@ def replacing(
     """`target` replaced by a new hidden file of its own, renamed over it (never followed)."""
     directory_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        limit = _name_max(target.parent)
+        limit = name_max(target.parent)
         temp, fd = _create_temp(directory_fd, target.name, limit, key, target.parent)
         try:
             with open(fd, mode, **text) as out:

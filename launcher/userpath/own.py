@@ -26,7 +26,8 @@ import stat
 from pathlib import Path
 
 from launcher.errors import ConfigError
-from launcher.userpath.named import quoted, replacing
+from launcher.userpath.check import quoted
+from launcher.userpath.named import replacing
 
 RUN_DIR_KEY = "hydra.run.dir"
 

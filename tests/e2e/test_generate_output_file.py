@@ -136,3 +136,24 @@ def test_a_kill_mid_write_leaves_the_old_file_intact(run: Path, tmp_path: Path) 
     [left] = [p for p in tmp_path.iterdir() if TEMP_INFIX in p.name]
     assert left.name.startswith(".answers.jsonl.partial-")
     planted.unchanged(left)
+
+
+def test_stdout_full_or_closed_is_one_line_not_a_traceback(run: Path, tmp_path: Path) -> None:
+    """Without --output: a full disk behind `>` (here /dev/full) and a reader that went away
+    (`| head -1`) were tracebacks (OSError, BrokenPipeError)."""
+    prompts = _prompts(tmp_path / "p.jsonl")
+    command = [*LAUNCH, "generate", str(run), str(prompts)]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            command, cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True, timeout=240
+        )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "error: stdout: cannot write the output to stdout (No space left" in proc.stderr
+    closed = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert closed.stdout is not None
+    closed.stdout.close()  # before the first line is written
+    _, err = closed.communicate(timeout=240)
+    assert closed.returncode == 1 and "Traceback" not in err and "Exception" not in err, err
+    assert "error: stdout was closed before every line was written." in err

@@ -238,6 +238,39 @@ def test_a_client_that_goes_away_is_not_computed_for(server: str, run: Path) -> 
     assert health["cancelled"] - before >= 6, health
 
 
+def test_clients_gone_mid_body_or_mid_answer_leave_no_traceback(
+    served: tuple[str, Any, Path], run: Path
+) -> None:
+    """A client that closes while sending its body logged a ClientDisconnect traceback, and each
+    abandoned request an asyncio "exception was never retrieved"; the server's log stays clean."""
+    import socket
+
+    base, _, log = served
+    port = int(base.rsplit(":", 1)[1])
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                b'\r\nContent-Length: 100\r\n\r\n{"prompt": "the'
+            )
+            time.sleep(0.2)  # the handler is reading the body
+    body = json.dumps({"model": run.name, "prompt": PROMPT, "max_tokens": 28}).encode()
+
+    def abandon(_: int) -> None:
+        with contextlib.suppress(httpx.TimeoutException):
+            httpx.post(f"{base}/v1/completions", content=body, timeout=0.05)
+
+    with ThreadPoolExecutor(12) as pool:  # one slot: most of them wait, and are abandoned
+        list(pool.map(abandon, range(12)))
+    deadline = time.monotonic() + 60
+    while (health := httpx.get(f"{base}/health").json())["active"] + health["waiting"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert httpx.post(f"{base}/v1/completions", content=body, timeout=60).status_code == 200
+    text = log.read_text()
+    assert "Traceback" not in text and "never retrieved" not in text, text
+
+
 def test_port_in_use_is_named_before_the_model_loads(
     run: Path, server: str, capfd: pytest.CaptureFixture[str]
 ) -> None:

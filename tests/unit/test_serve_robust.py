@@ -247,3 +247,42 @@ def test_generate_lines_with_numbers_of_any_size_are_one_error() -> None:
     assert parse_line(1, '{"prompt": "a", "seed": -9223372036854775808}', "p").seed == -(1 << 63)
     with pytest.raises(ConfigError, match=r"serve\.seed"):
         ServeConfig(seed=1 << 63)
+
+
+def test_a_template_that_fails_on_the_messages_is_a_400(chat: object) -> None:
+    """A Python error inside the template (not jinja's own TemplateError) was a 500 with a
+    traceback in the server's log; it is the template refusing these messages: a 400."""
+    import copy
+
+    failing = copy.deepcopy(chat)
+    failing.chat_template = (  # type: ignore[attr-defined]
+        "{% for m in messages %}{% if m['content'] == 'add' %}{{ m['content'] + 1 }}"
+        "{% elif m['content'] == 'div' %}{{ 1 // 0 }}{% else %}{{ m['content'] }}{% endif %}"
+        "{% endfor %}"
+    )
+    state = tiny_state(slots=2, queue=2, chat=failing)
+    with serving(state) as client:
+        for content, why in (("add", "TypeError"), ("div", "ZeroDivisionError")):
+            reply = client.post(
+                "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": content}], "max_tokens": 2},
+            )
+            assert reply.status_code == 400, reply.text
+            error = reply.json()["error"]
+            assert (error["param"], error["code"]) == ("messages", "chat_template")
+            assert why in error["message"]
+        fine = {"messages": [{"role": "user", "content": "ab"}], "max_tokens": 2}
+        assert client.post("/v1/chat/completions", json=fine).status_code == 200
+        assert client.get("/health").status_code == 200
+
+
+def test_an_empty_stop_string_of_generate_is_one_error() -> None:
+    """`"stop": ""` matched at once: every completion came back empty without a word (the API
+    refuses it; so does generate now, as it refused `"stop": [""]`)."""
+    from launcher.errors import ConfigError
+    from launcher.serve.prompts import parse_line
+
+    for stop in ('""', '[""]', '["a", ""]'):
+        with pytest.raises(ConfigError, match='"stop" must be a string or a list of non-empty'):
+            parse_line(3, f'{{"prompt": "a", "stop": {stop}}}', "p.jsonl")
+    assert parse_line(3, '{"prompt": "a", "stop": "."}', "p").stop == (".",)

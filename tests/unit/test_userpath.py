@@ -206,3 +206,62 @@ def test_special_files_and_descriptors_are_written_in_place(tmp_path: Path) -> N
         os.close(write)
     assert "not open" in _refusal(Path("/dev/fd/987")).problem
     assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
+
+
+OVER_THE_FILE_SIZE_LIMIT = """
+import resource, signal, sys
+from launcher.errors import ConfigError
+from launcher.userpath import open_output
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG, as a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    with open_output(sys.argv[1], "--output") as out:
+        out.write("x" * 100_000)
+except ConfigError as exc:
+    print(exc)
+"""
+
+
+def test_a_full_file_system_is_one_error_and_the_old_file_stays(tmp_path: Path) -> None:
+    """A disk that fills up (here the file size limit, EFBIG) was a traceback: one error now,
+    the old file as it was, the temporary file gone, nothing else touched."""
+    out = tmp_path / "out.jsonl"
+    out.write_text("old\n")
+    planted = Planted(out, tmp_path / "elsewhere", as_link=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", OVER_THE_FILE_SIZE_LIMIT, str(out)],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"--output: cannot write {out} (File too large); it is as it was." in proc.stdout
+    assert "Fix: free space there" in proc.stdout
+    assert out.read_text() == "old\n"
+    assert not [p for p in tmp_path.iterdir() if TEMP_INFIX in p.name]
+    planted.unchanged()
+    with pytest.raises(ConfigError, match=r"cannot write /dev/full \(No space left on device\)"):
+        write_output("/dev/full", KEY, "x" * 100_000)  # a device: written in place
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's link needs root")
+def test_another_users_link_in_a_shared_directory_is_not_followed(tmp_path: Path) -> None:
+    """The kernel's protected_symlinks rule (off in some containers, and bypassed anyway since the
+    link is resolved here, not by open(2)): another user's `/tmp/out.jsonl -> victim` was written
+    through by root. Our own link, or the directory owner's, still is."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    link = shared / "out.jsonl"
+    link.symlink_to(victim)
+    os.lchown(link, 65534, 65534)  # planted by nobody
+    hop = shared / "hop.jsonl"
+    hop.symlink_to(link)  # ours, leading to theirs
+    for name in (link, hop):
+        with pytest.raises(ConfigError, match=r"owned by another user \(uid 65534\)") as refused:
+            write_output(name, KEY, "new\n")
+        assert "Fix: give a path in a directory of your own." in str(refused.value)
+    assert victim.read_text() == "secret\n" and link.is_symlink()
+    os.lchown(link, os.geteuid(), os.getegid())
+    write_output(hop, KEY, "new\n")
+    assert victim.read_text() == "new\n" and link.is_symlink() and hop.is_symlink()
