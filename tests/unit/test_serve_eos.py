@@ -78,3 +78,25 @@ def test_eos_that_ends_the_completion_is_scored_and_counted() -> None:
 
     assert unscored["choices"][0]["text"] == "" and unscored["choices"][0]["logprobs"] is None
     assert unscored["usage"]["completion_tokens"] == 1  # the EOS, as OpenAI-style servers count
+
+
+def test_lm_evals_own_reader_scores_the_whole_continuation() -> None:
+    """local-completions' parse_logprobs on the reply: the continuation's last token counts (the
+    issue's 28 choices lost it: no generated token followed the echoed prompt)."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    model = _model()
+    ids = list(PROMPT.encode())
+    rows = _rows(model, ids)
+    eos = int(rows[-1].argmax())
+    codec = Codec(None, eos)
+    engine = Engine(GPTAdapter(model, 1), 1, eos_id=eos, decode=codec.decode)
+    serve = ServeConfig(slots=1, max_new_tokens=8)
+    state = ServeState(EngineThread(engine), codec, serve, 32, "t", vocab=256)
+    body = {"prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0}
+    (reply,) = asyncio.run(_post(state, [body]))
+    ctxlen = 3  # context "the", continuation " cat"
+    [(logprob, greedy)] = LocalCompletionsAPI.parse_logprobs(reply, ctxlens=[ctxlen])
+    expected = rows[torch.arange(ctxlen - 1, len(ids) - 1), torch.tensor(ids[ctxlen:])].sum()
+    assert logprob == pytest.approx(float(expected), abs=1e-5)
