@@ -97,6 +97,6 @@ def test_lm_evals_own_reader_scores_the_whole_continuation() -> None:
     body = {"prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0}
     (reply,) = asyncio.run(_post(state, [body]))
     ctxlen = 3  # context "the", continuation " cat"
-    [(logprob, greedy)] = LocalCompletionsAPI.parse_logprobs(reply, ctxlens=[ctxlen])
+    [(logprob, _greedy)] = LocalCompletionsAPI.parse_logprobs(reply, ctxlens=[ctxlen])
     expected = rows[torch.arange(ctxlen - 1, len(ids) - 1), torch.tensor(ids[ctxlen:])].sum()
     assert logprob == pytest.approx(float(expected), abs=1e-5)
