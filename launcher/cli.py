@@ -62,7 +62,7 @@ main config keys (override as key=value; groups as group=name):
   cluster=local|slurm        cluster.partition cluster.time cluster.wait ...
   train.steps train.seed train.precision=fp32|bf16|fp16 train.resume=auto|never|PATH
   train.max_restarts  train.hang_timeout  checkpoint.every  checkpoint.keep  checkpoint.overwrite
-  optim.lr  wandb.mode=offline|online|disabled
+  optim.lr  wandb.mode=offline|online|disabled  tracking.backends=[wandb,tensorboard,mlflow]
   model.init_from=DIR        start from the weights of `launch export` (export.at_end=true)
   hydra.run.dir=DIR          where the run's files go (default outputs/<date>/<time>)
 

@@ -22,6 +22,7 @@ from launcher.plan import Plan, build_plan
 from launcher.rundir import CONFIG_FILE, HYDRA_DIR, PLAN_FILE, STARTED_MARKS, check_own_files
 from launcher.runners import Runner, runner_for
 from launcher.secrets import REDACTED, changed_keys, redact_tree, redactor_for
+from launcher.tracking.sinks import check_trackers
 from launcher.tracking.wandb_run import check_wandb
 from launcher.userpath import replace_own
 
@@ -92,6 +93,7 @@ def prepare_run(
     runner = runner_for(cfg)
     cfg = check_environment(cfg, runner)
     cfg = check_wandb(cfg)
+    cfg = check_trackers(cfg)
     lock.acquire()  # before reading what is there: another run may be writing it
     check_own_files(run_dir)  # a link where the launcher writes its files: refused, nothing written
     if dry_run:

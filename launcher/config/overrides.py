@@ -98,6 +98,20 @@ def _type_error(key: Key, value: Any) -> ConfigError:
     if tp is float:
         return ConfigError(key.name, f"{shown} is not a number.", f"give a number{_example(key)}.")
     origin = getattr(tp, "__origin__", None)
+    item = (getattr(tp, "__args__", None) or (None,))[0]
+    if (
+        origin is list
+        and isinstance(value, list)
+        and isinstance(item, type)
+        and issubclass(item, Enum)
+    ):
+        names = [m.value for m in item]
+        unknown = [v for v in value if v not in names]
+        return ConfigError(
+            key.name,
+            f"unknown value {unknown[0]!r} in {shown}." if unknown else f"{shown}.",
+            f"list any of {', '.join(names)}, e.g. {key.name}=[{names[0]}].",
+        )
     if origin is list:
         return ConfigError(
             key.name,

@@ -16,6 +16,7 @@ from launcher.config.export import ExportConfig
 from launcher.config.model import AUTO, BYTE_VOCAB, AnyModelConfig, ModelConfig
 from launcher.config.parallel import BatchConfig, ParallelConfig
 from launcher.config.serve import ServeConfig
+from launcher.config.tracking import TrackingConfig
 from launcher.config.train import CheckpointConfig, DebugConfig, OptimConfig, TrainConfig
 from launcher.config.verify import VerifyConfig
 from launcher.config.wandb import WandbConfig
@@ -45,6 +46,7 @@ class RootConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)

@@ -36,7 +36,9 @@ Encoded = list[tuple[list[int], list[int]]]
 """Per record: (token ids, 1 where the token is a target)."""
 
 
-def _tokenizer_template(directory: Path) -> str | None:
+def tokenizer_template(directory: Path) -> str | None:
+    """The tokenizer directory's own chat template (chat_template.jinja, else
+    tokenizer_config.json's default one); None: it has none."""
     jinja = directory / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text(encoding="utf-8")
@@ -66,7 +68,7 @@ def load_template(cfg: DataConfig, tokenizer_dir: Path) -> str:
                 "file. Fix: point data.chat_template at a .jinja file, or give the template's text."
             )
         return path.read_text(encoding="utf-8")
-    found = _tokenizer_template(tokenizer_dir)
+    found = tokenizer_template(tokenizer_dir)
     if found is None:
         raise DataError(
             f"data.chat_template: the tokenizer {tokenizer_dir} has no chat template (no "

@@ -16,6 +16,7 @@ from launcher.checkpoint.files import Checkpoint
 from launcher.checkpoint.weights import RUN_KEY
 from launcher.config.export import ExportConfig
 from launcher.config.root import RootConfig
+from launcher.data.chat import load_template
 from launcher.errors import ConfigError, LauncherError
 from launcher.export.output import RECORD_FILE, check_output, commit, temporary_sibling
 from launcher.export.weights import (
@@ -118,7 +119,9 @@ def _write(
     else:
         write_plain(model, cfg, directory, dtype)
     if cfg.data.tokenizer:
-        write_tokenizer(cfg.data.tokenizer, cfg.data.eos_token, directory)
+        given = cfg.data.chat_template
+        template = load_template(cfg.data, Path(cfg.data.tokenizer)) if given else None
+        write_tokenizer(cfg.data.tokenizer, cfg.data.eos_token, directory, template)
     record = {
         "launcher.run": str(checkpoint.parent.parent),
         "launcher.checkpoint": str(checkpoint),

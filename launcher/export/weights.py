@@ -78,17 +78,28 @@ def stamp(directory: Path, metadata: dict[str, str]) -> None:
         save_file(tensors, str(path), metadata={**old, **metadata})
 
 
-def write_tokenizer(tokenizer_dir: str, eos_token: str | None, directory: Path) -> None:
-    """The run's tokenizer as files AutoTokenizer.from_pretrained loads."""
-    from transformers import PreTrainedTokenizerFast
+def write_tokenizer(
+    tokenizer_dir: str, eos_token: str | None, directory: Path, chat_template: str | None = None
+) -> None:
+    """The run's tokenizer as files AutoTokenizer.from_pretrained loads: every special token
+    (bos, eos, unk, pad, additional) and the chat template it had, the run's EOS as its
+    eos_token. chat_template: the run's data.chat_template, in place of the tokenizer's own."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    from launcher.data.chat import tokenizer_template
     from launcher.data.tokenizer import load_tokenizer
 
+    source = Path(tokenizer_dir).expanduser()
     tok = load_tokenizer(tokenizer_dir, eos_token)
-    if tok.fast:
-        eos = tok.backend.id_to_token(tok.eos_id)
-        PreTrainedTokenizerFast(tokenizer_object=tok.backend, eos_token=eos).save_pretrained(
-            str(directory)
-        )
-    else:
-        tok.backend.save_pretrained(str(directory))
+    hf: Any
+    if tok.fast and not (source / "tokenizer_config.json").is_file():
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok.backend)  # tokenizer.json alone
+    else:  # what transformers saved: its own loader keeps every special token and setting
+        hf = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    eos = tok.backend.id_to_token(tok.eos_id) if tok.fast else hf.convert_ids_to_tokens(tok.eos_id)
+    if hf.eos_token != eos:
+        hf.eos_token = eos
+    template = chat_template or tokenizer_template(source)
+    if template is not None:
+        hf.chat_template = template
+    hf.save_pretrained(str(directory))

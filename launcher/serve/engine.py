@@ -225,6 +225,9 @@ class Engine:
         reason = None
         if self.eos_id is not None and token == self.eos_id:
             reason = "stop"
+            request.stop_token = token
+            if request.logprobs is not None:
+                request.stop_score = score(logits, token, request.logprobs)
         else:
             request.output_ids.append(token)
             if request.logprobs is not None:

@@ -15,9 +15,10 @@ from launcher.serve.openai_params import Job
 
 
 def usage(job: Job, requests: list[Request]) -> dict[str, int]:
-    """Each prompt counted once (as OpenAI counts it with n > 1); every generated token."""
+    """Each prompt counted once (as OpenAI counts it with n > 1); every generated token, the
+    end-of-sequence token that ended a completion included (as OpenAI-style servers count it)."""
     prompt = sum(len(ids) for ids in job.prompts)
-    completion = sum(len(r.output_ids) for r in requests)
+    completion = sum(len(r.output_ids) + (r.stop_token is not None) for r in requests)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -36,24 +37,33 @@ def _kept(codec: Codec, request: Request) -> list[Scored]:
     return scores
 
 
-def _logprobs(codec: Codec, scores: list[Scored], offset: int) -> dict[str, Any]:
-    tokens = [codec.token_text(s.token) for s in scores]
+def _logprobs(
+    codec: Codec, scores: list[Scored], offset: int, end: Scored | None = None
+) -> dict[str, Any]:
+    """`end`: the end-of-sequence token that ended the completion, listed last with the text ""
+    (it adds nothing to the reply's text), as OpenAI-style servers list it."""
+    ended = scores + ([end] if end is not None else [])
+
+    def text(s: Scored, token: int) -> str:
+        return "" if s is end and token == s.token else codec.token_text(token)
+
+    tokens = [text(s, s.token) for s in ended]
     top: list[dict[str, float] | None] = []
-    for s in scores:
+    for s in ended:
         if s.logprob is None:
             top.append(None)
             continue
         alternatives: dict[str, float] = {}
         for token, logprob in ((s.token, s.logprob), *s.top):  # two tokens of one text: the first
-            alternatives.setdefault(codec.token_text(token), logprob)
+            alternatives.setdefault(text(s, token), logprob)
         top.append(alternatives)
     offsets = []
-    for text in tokens:
+    for piece in tokens:
         offsets.append(offset)
-        offset += len(text)
+        offset += len(piece)
     return {
         "tokens": tokens,
-        "token_logprobs": [s.logprob for s in scores],
+        "token_logprobs": [s.logprob for s in ended],
         "top_logprobs": top,
         "text_offset": offsets,
     }
@@ -65,7 +75,7 @@ def _choice(job: Job, codec: Codec, index: int, request: Request) -> dict[str, A
     if job.logprobs is not None:
         scores = (request.prompt_scores if job.echo else []) + _kept(codec, request)
         start = 0 if job.echo else len(codec.decode(request.prompt_ids))
-        logprobs = _logprobs(codec, scores, start)
+        logprobs = _logprobs(codec, scores, start, request.stop_score)
     return {
         "text": prompt_text + (request.text or ""),
         "index": index,

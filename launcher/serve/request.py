@@ -41,6 +41,11 @@ class Request:
     """Why the engine failed the request ("ExceptionType: message")."""
     prompt_scores: list[Scored] = field(default_factory=list)
     output_scores: list[Scored] = field(default_factory=list)
+    stop_token: int | None = None
+    """The end-of-sequence token that ended the completion: generated (OpenAI-style servers
+    count and score it) though in neither `output_ids` nor the text."""
+    stop_score: Scored | None = None
+    """`stop_token`'s score, when `logprobs` was asked."""
     submitted_at: float = 0.0
     first_token_at: float | None = None
     finished_at: float | None = None

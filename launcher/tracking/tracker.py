@@ -1,4 +1,5 @@
-"""What a run reports: metrics.jsonl, summary.json, console progress and wandb (rank 0 only).
+"""What a run reports: metrics.jsonl, summary.json, console progress, wandb and the other
+trackers of tracking.backends (rank 0 only).
 
 The records themselves are typed: StepMetrics and RunTotals (tracking/metrics.py), RunSummary
 (tracking/summary.py); Progress draws the console (tracking/progress.py).
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from launcher.config.root import RootConfig
     from launcher.distributed import DistContext
     from launcher.memory.peak import PeakMeter
+    from launcher.tracking.sinks import Sink
     from launcher.tracking.wandb_run import WandbRun
 
 __all__ = ["METRIC_KEYS", "Progress", "RunTotals", "StepMetrics", "Tracker", "start_tracking"]
@@ -71,6 +73,7 @@ class Tracker:
         recompute: bool = False,
         wandb: WandbRun | None = None,
         stream: TextIO | None = None,
+        sinks: list[Sink] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.enabled = enabled
@@ -79,6 +82,8 @@ class Tracker:
         self.device = device or torch.device("cpu")
         self.recompute = recompute
         self.wandb = wandb if enabled else None
+        self.sinks: list[Sink] = list(sinks or []) if enabled else []
+        """The other trackers (tracking.backends: tensorboard, mlflow), fed as wandb is."""
         self.totals = RunTotals()
         self.progress = Progress(total_steps, log_every, stream) if enabled else None
         self._metrics: TextIO | None = None
@@ -133,6 +138,8 @@ class Tracker:
         self._metrics.flush()
         if self.wandb is not None:
             self.wandb.log(line)
+        for sink in self.sinks:
+            sink.log(line)
         self.progress.update(
             m.step,
             line["loss"],
@@ -195,6 +202,7 @@ class Tracker:
         if self.wandb is not None:
             self.wandb.finish(values)
             self.wandb = None
+        self._finish_sinks(values, 0)
         return values
 
     def close(self, exit_code: int) -> None:
@@ -203,6 +211,12 @@ class Tracker:
         if self.wandb is not None:
             self.wandb.finish(None, exit_code)
             self.wandb = None
+        self._finish_sinks(None, exit_code)
+
+    def _finish_sinks(self, summary: dict[str, Any] | None, exit_code: int) -> None:
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.finish(summary, exit_code)
 
     def _close_metrics(self) -> None:
         if self._metrics is not None:
@@ -213,7 +227,9 @@ class Tracker:
 def start_tracking(
     cfg: RootConfig, run_dir: Path, ctx: DistContext, stream: TextIO | None = None
 ) -> Tracker:
-    """The Tracker of one rank: MFU against the device's peak, wandb started on rank 0."""
+    """The Tracker of one rank: MFU against the device's peak, wandb and the other trackers
+    (tracking.backends) started on rank 0."""
+    from launcher.tracking.sinks import start_sinks
     from launcher.tracking.wandb_run import WandbRun
 
     split = cfg.split()
@@ -226,6 +242,7 @@ def start_tracking(
         )
     meter = MfuMeter(model_flops_per_token(cfg.model), peak, ctx.world_size)
     wandb = None
+    sinks = []
     if ctx.is_main:
         derived = {
             "world_size": ctx.world_size,
@@ -238,6 +255,7 @@ def start_tracking(
             "device": device_name(ctx.device),
         }
         wandb = WandbRun.start(cfg, run_dir, derived)
+        sinks = start_sinks(cfg, run_dir, derived)
     return Tracker(
         run_dir,
         cfg.train.steps,
@@ -249,4 +267,5 @@ def start_tracking(
         recompute=cfg.ac.policy.value != "none",
         wandb=wandb,
         stream=stream,
+        sinks=sinks,
     )

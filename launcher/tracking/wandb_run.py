@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from launcher.config.load import to_plain
 from launcher.config.root import RootConfig
+from launcher.config.tracking import Backend
 from launcher.config.wandb import WandbMode
 from launcher.errors import ConfigError
 from launcher.exit_codes import STOPPED_RESUMABLE
@@ -73,13 +74,18 @@ def _fail(cfg: RootConfig, problem: str, fix: str) -> None:
     log.warning(f"{problem} Training continues without wandb (wandb.required=false).")
 
 
+def wandb_off(cfg: RootConfig) -> bool:
+    """wandb.mode=disabled, or wandb left out of tracking.backends."""
+    return cfg.wandb.mode == WandbMode.disabled or not cfg.tracking.uses(Backend.wandb)
+
+
 def check_wandb(cfg: RootConfig) -> RootConfig:
     """Before anything starts: wandb imports, and online mode has credentials.
 
     Returns cfg, with wandb disabled when it cannot work and wandb.required=false (so the ranks
     do not try again).
     """
-    if cfg.wandb.mode == WandbMode.disabled:
+    if wandb_off(cfg):
         return cfg
     problem = _import_problem()
     fix = f"reinstall it (pip install 'wandb>=0.17'); or {_NO_WANDB_FIX}"
@@ -156,7 +162,7 @@ class WandbRun:
     @classmethod
     def start(cls, cfg: RootConfig, run_dir: Path, derived: dict[str, Any]) -> WandbRun | None:
         """None when wandb is disabled, or failed to start and wandb.required=false."""
-        if cfg.wandb.mode == WandbMode.disabled:
+        if wandb_off(cfg):
             return None
         w = cfg.wandb
         try:

@@ -57,7 +57,7 @@ def alone(run: Path) -> Callable[[dict[str, Any]], tuple[str, int]]:
         ids = loaded.codec.encode(body["prompt"])
         request = engine.submit(Request(ids, body["max_tokens"], sampling))
         engine.run()
-        return str(request.text), len(request.output_ids)
+        return str(request.text), len(request.output_ids) + (request.stop_token is not None)
 
     return generate
 
