@@ -41,6 +41,7 @@ otherwise model.safetensors and model.yaml (the model section that rebuilds it).
 RUN/export. A new run starts from it with model=hf model.path=DIR, or model.init_from=DIR.
 
 overrides: export.dtype=fp32|bf16|fp16  export.overwrite=true (replace a non-empty --output)
+           export.merge=true (an adapter run: the merged model instead of a peft adapter directory)
 """
 
 
@@ -49,13 +50,15 @@ def apply_overrides(export: ExportConfig, overrides: dict[str, str]) -> ExportCo
     for key, value in overrides.items():
         if key == "export.dtype":
             changes["dtype"] = value
-        elif key == "export.overwrite":
+        elif key in ("export.overwrite", "export.merge"):
             if value.lower() not in ("true", "false"):
                 raise ConfigError(key, f"{value!r} is not true or false.", f"{key}=true.")
-            changes["overwrite"] = value.lower() == "true"
+            changes[key.split(".", 1)[1]] = value.lower() == "true"
         else:
             raise ConfigError(
-                key, "is not an option of launch export.", "use export.dtype, export.overwrite."
+                key,
+                "is not an option of launch export.",
+                "use export.dtype, export.overwrite, export.merge.",
             )
     return dataclasses.replace(export, **changes)  # type: ignore[arg-type]
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from launcher.adapters.apply import merge_adapters
 from launcher.checkpoint.files import Checkpoint, find_checkpoints, inspect
-from launcher.checkpoint.weights import RUN_KEY, load_weights
+from launcher.checkpoint.weights import RUN_KEY, adapted_model, load_weights
 from launcher.config.load import load_config_file
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
@@ -91,6 +92,8 @@ def load_run(argument: str, device: torch.device) -> LoadedRun:
 
 
 def _model_of(cfg: RootConfig, checkpoint: Checkpoint, device: torch.device) -> nn.Module:
+    if cfg.adapter.enabled:  # the base and its adapters, merged in memory (docs/adapters.md)
+        return merge_adapters(adapted_model(cfg, checkpoint)).float().to(device).eval()
     with torch.device("cpu"):
         model = build_model(cfg.model)
     load_weights(model, checkpoint, cfg)
