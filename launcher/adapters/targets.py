@@ -62,6 +62,12 @@ def listing(names: list[str]) -> str:
     return ", ".join(patterns[:SHOWN]) + more
 
 
+def _example(layers: list[str]) -> str:
+    """Two of the model's own layers, named as a target names them."""
+    names = [".".join(n.split(".")[-2:]) for n in layers if "." in n] or layers
+    return ",".join(list(dict.fromkeys(names))[:2])
+
+
 def _layer_size(module: nn.Module) -> tuple[int, int]:
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
@@ -89,12 +95,12 @@ def resolve(model: nn.Module, cfg: AdapterConfig) -> Resolved:
                 "adapter.targets",
                 f"{pattern!r} matches no layer an adapter can go on. The model's linear and "
                 f"embedding layers: {listing(layers)}.",
-                "name layers by their last parts (e.g. adapter.targets=[attn.qkv,mlp.fc] or "
-                f"[q_proj,v_proj]), by a regular expression over the whole name, or "
-                f"[{ALL_LINEAR}].",
+                f"name layers by their last parts (e.g. adapter.targets=[{_example(layers)}]), "
+                f"by a regular expression over the whole name, or [{ALL_LINEAR}].",
             )
         targets.extend(n for n in found if n not in targets)
-    for name in targets:
+    if targets:
+        name = min(targets, key=lambda n: min(_layer_size(modules[n])))
         smaller = min(_layer_size(modules[name]))
         if cfg.rank > smaller:
             raise ConfigError(

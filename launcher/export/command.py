@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from launcher.adapters.export import write_adapter
 from launcher.checkpoint.files import Checkpoint
 from launcher.checkpoint.weights import RUN_KEY
 from launcher.config.export import ExportConfig
@@ -22,11 +23,13 @@ from launcher.export.weights import (
     DTYPES,
     is_transformers,
     stamp,
+    write_model_config,
     write_plain,
     write_tokenizer,
     write_transformers,
 )
 from launcher.logs import get_logger, setup_logging
+from launcher.models.adapted import base_source
 
 log = get_logger("export")
 
@@ -71,7 +74,7 @@ def export_run(argument: str, output: Path | None, export: ExportConfig) -> Path
     target = (output or run_dir / EXPORT_DIR).expanduser().absolute()
     check_output(target, export.overwrite, run_dir)  # before any weight is read
     started = time.perf_counter()
-    cfg, model, checkpoint = _load_while_it_lasts(argument, chosen)
+    cfg, model, checkpoint = _load_while_it_lasts(argument, chosen, export.merge)
     tmp = temporary_sibling(target)
     try:
         _write(cfg, model, checkpoint.path, checkpoint.step, tmp, export)
@@ -87,14 +90,14 @@ def export_run(argument: str, output: Path | None, export: ExportConfig) -> Path
 
 
 def _load_while_it_lasts(
-    argument: str, chosen: Checkpoint
+    argument: str, chosen: Checkpoint, merge: bool
 ) -> tuple[RootConfig, torch.nn.Module, Checkpoint]:
     """load_model, with one clear error when the checkpoint vanished while it was read (a run
     still training deletes its older checkpoints, checkpoint.keep)."""
     from launcher.serve.load import load_model
 
     try:
-        return load_model(argument, torch.device("cpu"))
+        return load_model(argument, torch.device("cpu"), merge=merge)
     except Exception:
         if chosen.path.exists():
             raise
@@ -116,7 +119,13 @@ def _write(
     export: ExportConfig,
 ) -> None:
     dtype = DTYPES[export.dtype]
-    if is_transformers(model):
+    if cfg.adapter.enabled and not export.merge:  # a peft adapter directory (docs/adapters.md)
+        write_adapter(
+            model, cfg.adapter, base_source(cfg)[1], directory, dtype, is_transformers(model)
+        )
+        if not is_transformers(model):
+            write_model_config(cfg, directory)
+    elif is_transformers(model):
         write_transformers(model, directory, dtype)
     else:
         write_plain(model, cfg, directory, dtype)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from launcher.adapters.targets import resolve
 from launcher.config.ac import AcPolicy
 from launcher.config.model import UserModelConfig, blocks_path
 from launcher.config.root import RootConfig
@@ -173,6 +174,8 @@ def inspect_model(cfg: RootConfig) -> ModelInfo:
     blocks = require_blocks(model, path, needs) if needs else find_blocks(model, path)
     if cfg.model.init_from:
         check_initial_weights(model, cfg.model.init_from)
+    if cfg.adapter.enabled:  # adapter.targets / train_modules / rank against the model's layers
+        resolve(model, cfg.adapter)
     vocab = None
     if isinstance(cfg.model, UserModelConfig):
         with _on("meta"):
