@@ -99,6 +99,7 @@ def resolve(model: nn.Module, cfg: AdapterConfig) -> Resolved:
                 f"by a regular expression over the whole name, or [{ALL_LINEAR}].",
             )
         targets.extend(n for n in found if n not in targets)
+    targets = [n for n in layers if n in set(targets)]  # in the model's order
     if targets:
         name = min(targets, key=lambda n: min(_layer_size(modules[n])))
         smaller = min(_layer_size(modules[name]))
