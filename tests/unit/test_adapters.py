@@ -90,11 +90,11 @@ def test_train_modules_must_match_and_not_overlap_the_targets() -> None:
 
 
 def test_config_checks_its_own_fields() -> None:
-    with pytest.raises(ConfigError, match="adapter.rank"):
+    with pytest.raises(ConfigError, match=r"^adapter\.rank"):
         lora(rank=0)
-    with pytest.raises(ConfigError, match="adapter.dropout"):
+    with pytest.raises(ConfigError, match=r"^adapter\.dropout"):
         lora(dropout=1.0)
-    with pytest.raises(ConfigError, match="adapter.targets"):
+    with pytest.raises(ConfigError, match=r"^adapter\.targets"):
         lora(targets=[])
 
 
