@@ -7,10 +7,12 @@ files and hands the same plan to its runner.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.config.adapter import AdapterConfig
 from launcher.config.load import to_plain
 from launcher.config.root import RootConfig
 from launcher.engines import engine_spec
@@ -67,6 +69,9 @@ class Plan:
     memory_budget_bytes: int | None = None
     memory_choice: dict[str, Any] | None = None
     """batch.micro_size=auto / ac=auto: what was requested, what was chosen and why."""
+    full_finetune: dict[str, Any] | None = None
+    """adapter=lora: the memory plan of a full fine-tune of the same model, split and engine
+    (parts and planned peak), shown beside the adapter run's."""
     config: RootConfig | None = None
     """The resolved config the ranks run (auto choices made); not in plan.json."""
 
@@ -94,6 +99,7 @@ class Plan:
             *(f"            {line}" for line in self.engine_options),
             "recompute   " + _recompute_table(self.activation_estimates, self.ac),
             *memory_table(self.memory_plan, self.memory_budget_bytes, self.memory_choice),
+            *_beside_full(self.memory_plan, self.full_finetune),
             f"runner      {self.runner}",
         ]
         if self.command:
@@ -101,6 +107,20 @@ class Plan:
         if self.env:
             lines.append("env         " + " ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
         return "\n".join(lines)
+
+
+def _beside_full(adapter: dict[str, Any], full: dict[str, Any] | None) -> list[str]:
+    """The adapter run's parameters, gradients, optimizer state and peak beside a full
+    fine-tune's (adapter=lora)."""
+    if not full or not adapter:
+        return []
+    lines = ["adapter     per rank          lora      full fine-tune"]
+    for part in ("parameters", "gradients", "optimizer_state"):
+        ours, theirs = adapter["parts"][part], full["parts"][part]
+        lines.append(f"  {part:<18} {_mib(ours):>12} {_mib(theirs):>14}")
+    peak, full_peak = adapter["planned_peak_bytes"], full["planned_peak_bytes"]
+    lines.append(f"  {'planned peak':<18} {_mib(peak):>12} {_mib(full_peak):>14}")
+    return lines
 
 
 def _recompute_table(estimates: dict[str, dict[str, float]], chosen: str) -> str:
@@ -154,6 +174,10 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
     split = cfg.split()
     params = info.parameters
     estimates = estimate_all(cfg, split.micro_size)
+    full = None
+    if cfg.adapter.enabled:  # the same model, split and engine, every parameter trained
+        whole = dataclasses.replace(cfg, adapter=AdapterConfig())
+        full = plan_and_choose(whole, inspect_model(whole), None)[1].plan.to_json()
     return Plan(
         world_size=split.dp,
         nodes=cfg.parallel.nodes,
@@ -185,5 +209,6 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
         memory_plan=choice.plan.to_json(),
         memory_budget_bytes=budget.bytes if budget is not None else None,
         memory_choice=choice.to_json() if auto else None,
+        full_finetune=full,
         config=cfg,
     )

@@ -132,3 +132,44 @@ def resolve(model: nn.Module, cfg: AdapterConfig) -> Resolved:
             )
         trained.extend(n for n in found if n not in trained)
     return Resolved(targets, trained)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Parameters an adapter run adds and trains (for the memory plan, on the meta model)."""
+
+    added: int
+    """Adapter parameters added to the base."""
+    trainable: int
+    """Adapters plus the modules trained in full."""
+    sizes: tuple[int, ...]
+    """Elements of each adapter tensor (A and B of every layer)."""
+    block_added: int
+    block_trainable: int
+    """The same for the first repeated block (0 when there is none)."""
+
+
+def count_parameters(
+    model: nn.Module, resolved: Resolved, rank: int, block: nn.Module | None
+) -> Counts:
+    modules = dict(model.named_modules())
+    inside = {id(m) for m in block.modules()} if block is not None else set()
+    sizes: list[int] = []
+    block_added = 0
+    for name in resolved.targets:
+        n_in, n_out = _layer_size(modules[name])
+        pair = (rank * n_in, rank * n_out)
+        sizes.extend(pair)
+        if id(modules[name]) in inside:
+            block_added += sum(pair)
+    seen: set[int] = set()
+    trained = block_trained = 0
+    for name in resolved.train_modules:
+        for param in modules[name].parameters():
+            if id(param) not in seen:
+                seen.add(id(param))
+                trained += param.numel()
+                if id(modules[name]) in inside:
+                    block_trained += param.numel()
+    added = sum(sizes)
+    return Counts(added, added + trained, tuple(sizes), block_added, block_added + block_trained)

@@ -72,11 +72,13 @@ class FSDPSpec(DCPSpec):
         width = bytes_per_element(cfg.train.precision)
         root = p - shape.n_blocks * shape.block_parameters
         gathered = (root + 2 * shape.block_parameters) * width
-        unsharded_grads = (root + shape.block_parameters) * FP32
+        t = shape.trained  # gradients and moments: none for an adapter run's frozen base
+        root_trained = t - shape.n_blocks * shape.block_trained
+        unsharded_grads = (root_trained + shape.block_trained) * FP32
         return {
             "parameters": p * FP32 // dp,
-            "gradients": p * FP32 // dp,
-            "optimizer_state": 2 * p * FP32 // dp,
+            "gradients": t * FP32 // dp,
+            "optimizer_state": 2 * t * FP32 // dp,
             "precision_copies": 0,
             "comm_buffers": gathered + unsharded_grads,
         }

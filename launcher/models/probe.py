@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from launcher.adapters.targets import resolve
+from launcher.adapters.targets import count_parameters, resolve
 from launcher.config.ac import AcPolicy
 from launcher.config.model import UserModelConfig, blocks_path
 from launcher.config.root import RootConfig
@@ -43,6 +43,10 @@ class ModelInfo:
     """Elements of the largest parameter (the optimizer's per-tensor temporaries)."""
     parameter_sizes: tuple[int, ...] = ()
     """Elements of each parameter (ZeRO-3 keeps the small ones whole)."""
+    trainable: int | None = None
+    """Parameters that train (adapter=lora: the adapters and train_modules); None: all."""
+    block_trainable: int | None = None
+    """The same for one repeated block."""
 
 
 class _NoInitOnMeta(TorchFunctionMode):
@@ -174,8 +178,6 @@ def inspect_model(cfg: RootConfig) -> ModelInfo:
     blocks = require_blocks(model, path, needs) if needs else find_blocks(model, path)
     if cfg.model.init_from:
         check_initial_weights(model, cfg.model.init_from)
-    if cfg.adapter.enabled:  # adapter.targets / train_modules / rank against the model's layers
-        resolve(model, cfg.adapter)
     vocab = None
     if isinstance(cfg.model, UserModelConfig):
         with _on("meta"):
@@ -183,4 +185,19 @@ def inspect_model(cfg: RootConfig) -> ModelInfo:
         check_vocab(cfg, cfg.model, vocab)
     block = sum(p.numel() for p in blocks.blocks[0].parameters()) if blocks else 0
     sizes = tuple(p.numel() for p in model.parameters())
-    return ModelInfo(parameters, blocks, vocab, block, max(sizes, default=0), sizes)
+    if not cfg.adapter.enabled:
+        return ModelInfo(parameters, blocks, vocab, block, max(sizes, default=0), sizes)
+    # adapter.targets / train_modules / rank checked against the model's layers, and counted.
+    first = blocks.blocks[0] if blocks else None
+    counts = count_parameters(model, resolve(model, cfg.adapter), cfg.adapter.rank, first)
+    sizes += counts.sizes
+    return ModelInfo(
+        parameters + counts.added,
+        blocks,
+        vocab,
+        block + counts.block_added,
+        max(sizes, default=0),
+        sizes,
+        trainable=counts.trainable,
+        block_trainable=counts.block_trainable,
+    )
