@@ -187,3 +187,56 @@ def test_checkpoint_holds_the_adapters_and_refuses_another_base(
     assert (
         text.startswith("train.seed: checkpoint") and "holds adapters trained on the base" in text
     )
+
+
+def test_a_target_model_gets_adapters_by_its_own_names(ctx: DistContext, tmp_path: Path) -> None:
+    """model=custom model._target_=...: peft wraps any nn.Module by module names."""
+    cfg = make_config(
+        model={
+            "_target_": "tests.fixtures.models.TinyLM",
+            "seq_len": 24,
+            "n_layer": 2,
+        },
+        adapter={**LORA, "targets": ["all-linear"]},
+        checkpoint={"every": 0},
+    )
+    trainer = build_trainer(cfg, ctx, tmp_path)
+    trainer.train()
+    trainable = {n for n, p in trainer.engine.module.named_parameters() if p.requires_grad}
+    assert trainable and all(is_adapter_name(n) for n in trainable)
+    assert not any(n.startswith("head.") for n in trainable)  # all-linear leaves out the head
+
+
+def _export(directory: Path, seed: int) -> str:
+    """A base's weights as `launch export` writes them (model.safetensors by the model's names)."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    state = {n: t.clone() for n, t in gpt().state_dict().items()}
+    directory.mkdir()
+    save_file(state, str(directory / "model.safetensors"))
+    return str(directory)
+
+
+def test_another_init_from_base_is_refused_by_name(ctx: DistContext, tmp_path: Path) -> None:
+    first, other = _export(tmp_path / "a", 1), _export(tmp_path / "b", 2)
+    run_dir = tmp_path / "run"
+    cfg = make_config(model={"init_from": first}, adapter=LORA, checkpoint={"every": 0})
+    trainer = build_trainer(cfg, ctx, run_dir)
+    checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
+    checkpoints.base = base_identity(cfg, trainer.engine.module)
+    assert checkpoints.base is not None and checkpoints.base["source"] == first
+    trainer.train()
+    checkpoints.save_final()
+    moved = make_config(model={"init_from": other}, adapter=LORA, checkpoint={"every": 0})
+    again = build_trainer(moved, ctx, run_dir)
+    resumer = Checkpointer(moved, run_dir, ctx, again)
+    resumer.base = base_identity(moved, again.engine.module)
+    with pytest.raises(ConfigError) as refused:
+        resumer.resume()
+    text = str(refused.value)
+    assert text.startswith(f"model.init_from: checkpoint {run_dir}/checkpoints/step_4 holds")
+    assert f"trained on the base {first}" in text and f"this run's base is {other}" in text
+    assert f"Fix: resume with the base the checkpoint was trained on (model.init_from={first}" in (
+        text
+    )
