@@ -82,6 +82,8 @@ class Plan:
         finally:
             self.config = config
         data.pop("config")
+        if data["full_finetune"] is None:  # adapter=none: nothing to set beside it
+            data.pop("full_finetune")
         data["files"] = list(self.files)
         return data
 
