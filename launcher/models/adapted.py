@@ -19,6 +19,7 @@ from launcher.errors import ConfigError
 from launcher.integrity.digests import cached_digests
 from launcher.models.build import build_model
 from launcher.models.init_from import load_initial_weights, weight_files
+from launcher.models.names import plain_name
 
 BASE_KEY = "base"
 """The checkpoint meta.json's record of the base weights (adapter runs)."""
@@ -57,11 +58,13 @@ def _file_digest(path: str) -> str:
 
 
 def _state_digest(model: nn.Module) -> str:
+    """Over the frozen weights by their plain names: the same whatever recompute or compile
+    wrapped (a resumed run may change ac)."""
     digest = hashlib.sha256()
     state = model.state_dict()
-    for name in sorted(frozen_names(model)):
+    for plain, name in sorted((plain_name(n), n) for n in frozen_names(model)):
         tensor = state[name].detach().to("cpu").contiguous()
-        digest.update(name.encode())
+        digest.update(plain.encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 

@@ -240,3 +240,14 @@ def test_another_init_from_base_is_refused_by_name(ctx: DistContext, tmp_path: P
     assert f"Fix: resume with the base the checkpoint was trained on (model.init_from={first}" in (
         text
     )
+
+
+def test_the_base_digest_does_not_depend_on_recompute() -> None:
+    """A resumed run may change ac: recompute is not part of the base's identity."""
+    plain = make_config(adapter=LORA)
+    wrapped = make_config(adapter=LORA, ac={"policy": "full"})
+    first, second = (
+        base_identity(plain, build_model(plain)),
+        base_identity(wrapped, build_model(wrapped)),
+    )
+    assert first is not None and second is not None and first["sha256"] == second["sha256"]
