@@ -75,14 +75,24 @@ def base_identity(cfg: RootConfig, model: nn.Module) -> dict[str, Any] | None:
     model, before an engine wraps it."""
     if not cfg.adapter.enabled:
         return None
-    key, path = base_source(cfg)
-    if path is not None:
-        return {"key": key, "source": path, "sha256": _file_digest(path)}
+    from_files = file_base_identity(cfg)
+    if from_files is not None:
+        return from_files
+    key, _ = base_source(cfg)
     return {
         "key": key,
         "source": f"random init of train.seed={cfg.train.seed}",
         "sha256": _state_digest(model),
     }
+
+
+def file_base_identity(cfg: RootConfig) -> dict[str, Any] | None:
+    """base_identity of an adapter run whose base comes from weight files (model.init_from,
+    model.path), from the config alone: `launch` checks it before any rank starts."""
+    key, path = base_source(cfg)
+    if not cfg.adapter.enabled or path is None:
+        return None
+    return {"key": key, "source": path, "sha256": _file_digest(path)}
 
 
 def check_base(saved: dict[str, Any] | None, now: dict[str, Any] | None, checkpoint: Path) -> None:

@@ -14,6 +14,7 @@ import torch
 from launcher.adapters.apply import apply_adapter, is_adapter_name, merge_adapters
 from launcher.adapters.targets import resolve
 from launcher.checkpoint.checkpointer import Checkpointer
+from launcher.checkpoint.preflight import check_resume
 from launcher.config.adapter import AdapterConfig, AdapterKind
 from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.errors import ConfigError
@@ -229,6 +230,9 @@ def test_another_init_from_base_is_refused_by_name(ctx: DistContext, tmp_path: P
     trainer.train()
     checkpoints.save_final()
     moved = make_config(model={"init_from": other}, adapter=LORA, checkpoint={"every": 0})
+    with pytest.raises(ConfigError, match=r"^model\.init_from: checkpoint .* holds adapters"):
+        check_resume(moved, run_dir)  # `launch`, before any rank starts
+    check_resume(cfg, run_dir)  # the same base resumes
     again = build_trainer(moved, ctx, run_dir)
     resumer = Checkpointer(moved, run_dir, ctx, again)
     resumer.base = base_identity(moved, again.engine.module)
