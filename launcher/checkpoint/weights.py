@@ -42,6 +42,8 @@ def load_strict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     frozen = frozen_names(model)
     own = {k: v for k, v in model.state_dict(keep_vars=True).items() if k not in frozen}
     renamed = {user_name(name, own): value for name, value in state.items()}
+    # A frozen weight a format keeps anyway (DeepSpeed's tied duplicates): the model has it.
+    renamed = {name: value for name, value in renamed.items() if name not in frozen}
     unexpected = sorted(set(renamed) - set(own))
     given = {own[name].data_ptr() for name in renamed if name in own}
     missing = sorted(n for n in set(own) - set(renamed) if own[n].data_ptr() not in given)

@@ -255,3 +255,18 @@ def test_the_base_digest_does_not_depend_on_recompute() -> None:
         base_identity(wrapped, build_model(wrapped)),
     )
     assert first is not None and second is not None and first["sha256"] == second["sha256"]
+
+
+def test_a_frozen_duplicate_in_a_checkpoint_is_not_unexpected() -> None:
+    """DeepSpeed's exclude_frozen_parameters keeps a tied frozen weight under its second name
+    (GPT's head.weight); reading the adapters back must not refuse it."""
+    from launcher.checkpoint.weights import load_strict
+
+    model = gpt()
+    apply_adapter(model, lora())
+    state = {n: t.clone() for n, t in model.state_dict().items() if is_adapter_name(n)}
+    state["head.weight"] = model.state_dict()["head.weight"].clone()
+    load_strict(model, state)
+    del state["blocks.0.attn.qkv.lora_A.default.weight"]
+    with pytest.raises(KeyError, match="missing"):
+        load_strict(model, state)
