@@ -90,7 +90,7 @@ def export_run(argument: str, output: Path | None, export: ExportConfig) -> Path
 
 
 def _load_while_it_lasts(
-    argument: str, chosen: Checkpoint, merge: bool
+    argument: str, chosen: Checkpoint, merge: bool = True
 ) -> tuple[RootConfig, torch.nn.Module, Checkpoint]:
     """load_model, with one clear error when the checkpoint vanished while it was read (a run
     still training deletes its older checkpoints, checkpoint.keep)."""
