@@ -7,10 +7,12 @@ files and hands the same plan to its runner.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.config.adapter import AdapterConfig
 from launcher.config.load import to_plain
 from launcher.config.root import RootConfig
 from launcher.data.build import model_vocab
@@ -84,6 +86,9 @@ class Plan:
     elastic: list[dict[str, int]] = field(default_factory=list)
     """parallel.min_nodes < parallel.nodes: the split and planned peak on each allowed number of
     nodes, fewest first (empty when not elastic)."""
+    full_finetune: dict[str, Any] | None = None
+    """adapter=lora: the memory plan of a full fine-tune of the same model, split and engine
+    (parts and planned peak), shown beside the adapter run's."""
     config: RootConfig | None = None
     """The resolved config the ranks run (auto choices made); not in plan.json."""
 
@@ -94,6 +99,8 @@ class Plan:
         finally:
             self.config = config
         data.pop("config")
+        if data["full_finetune"] is None:  # adapter=none: nothing to set beside it
+            data.pop("full_finetune")
         data["files"] = list(self.files)
         return data
 
@@ -117,6 +124,7 @@ class Plan:
                 f"{_mib(e['planned_peak_bytes'])} per rank"
                 for e in self.elastic
             ),
+            *_beside_full(self.memory_plan, self.full_finetune),
             f"runner      {self.runner}",
         ]
         if self.command:
@@ -131,6 +139,20 @@ def _vocab(plan: Plan) -> str:
         return ""
     said = " (the tokenizer's)" if plan.vocab_from == "data.tokenizer" else ""
     return f"vocabulary {plan.vocab_size:,}{said}, "
+
+
+def _beside_full(adapter: dict[str, Any], full: dict[str, Any] | None) -> list[str]:
+    """The adapter run's parameters, gradients, optimizer state and peak beside a full
+    fine-tune's (adapter=lora)."""
+    if not full or not adapter:
+        return []
+    lines = ["adapter     per rank          lora      full fine-tune"]
+    for part in ("parameters", "gradients", "optimizer_state"):
+        ours, theirs = adapter["parts"][part], full["parts"][part]
+        lines.append(f"  {part:<18} {_mib(ours):>12} {_mib(theirs):>14}")
+    peak, full_peak = adapter["planned_peak_bytes"], full["planned_peak_bytes"]
+    lines.append(f"  {'planned peak':<18} {_mib(peak):>12} {_mib(full_peak):>14}")
+    return lines
 
 
 def _recompute_table(estimates: dict[str, dict[str, float]], chosen: str) -> str:
@@ -231,6 +253,10 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
     params = info.parameters
     vocab = model_vocab(cfg.model) or info.vocab
     estimates = estimate_all(cfg, split.micro_size)
+    full = None
+    if cfg.adapter.enabled:  # the same model, split and engine, every parameter trained
+        whole = dataclasses.replace(cfg, adapter=AdapterConfig())
+        full = plan_and_choose(whole, model_info(whole), None)[1].plan.to_json()
     return Plan(
         world_size=split.dp,
         nodes=cfg.parallel.nodes,
@@ -265,5 +291,6 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
         vocab_size=vocab,
         vocab_from=vocab_source(cfg, vocab),
         elastic=elastic,
+        full_finetune=full,
         config=cfg,
     )

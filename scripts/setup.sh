@@ -18,5 +18,5 @@ pip_install() {
         2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 }
 pip_install --upgrade pip
-pip_install -c constraints.txt -e ".[dev,hf,serve,tracking,eval]"
+pip_install -c constraints.txt -e ".[dev,hf,lora,serve,tracking,eval]"
 echo "$want" > "$stamp"

@@ -53,6 +53,7 @@ from launcher.config.root import RootConfig
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.integrity.data import data_identity
 from launcher.logs import get_logger
+from launcher.models.adapted import BASE_KEY
 from launcher.rundir import write_stopped
 
 if TYPE_CHECKING:
@@ -83,6 +84,9 @@ class Checkpointer:
         self.before_marker: Callable[[int], None] | None = None
         """Called on rank 0 with the step before a completion record is written (a test's
         pause: launcher/worker/debug.py)."""
+        self.base: dict[str, Any] | None = None
+        """An adapter run's base weights (launcher/models/adapted.py): recorded in meta.json,
+        checked on resume."""
         self.group = checkpoint_group() if self.enabled and cfg.checkpoint.async_ else None
 
     @property
@@ -278,6 +282,7 @@ class Checkpointer:
             "split": dataclasses.asdict(split),
             "fingerprint": fingerprint(self.cfg),
             "totals": dataclasses.asdict(self.trainer.tracker.totals),
+            **({BASE_KEY: self.base} if self.base is not None else {}),
         }
 
     # resuming
@@ -286,7 +291,7 @@ class Checkpointer:
         """Collective: load the checkpoint train.resume asks for into the engine and the RNGs
         (launcher/checkpoint/resume.py); the step and totals to continue from (None: start)."""
         resumed = load_resume_state(
-            self.cfg, self.run_dir, self.ctx, self.trainer.engine, restarted=restarted
+            self.cfg, self.run_dir, self.ctx, self.trainer.engine, restarted, self.base
         )
         if resumed is not None:
             self.last_saved = (resumed.step, resumed.checkpoint.path)

@@ -64,6 +64,7 @@ def fingerprint(cfg: RootConfig) -> dict[str, Any]:
         "batch.global_size": cfg.split().global_size,
         "train.seed": cfg.train.seed,
         "data.name": cfg.data.name.value,
+        **cfg.adapter.fingerprint(),
     }
 
 

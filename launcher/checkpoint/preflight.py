@@ -13,6 +13,7 @@ from launcher.checkpoint.files import STEP_PREFIX, checkpoints_dir, log, resume_
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.integrity.data import check_data_unchanged
+from launcher.models.adapted import BASE_KEY, check_base, file_base_identity
 from launcher.rundir import METRICS_FILE, SUMMARY_FILE, WANDB_DIR, WANDB_RUN_ID_FILE
 
 
@@ -41,6 +42,8 @@ def check_resume(cfg: RootConfig, run_dir: Path) -> RootConfig:
     candidates = resume_candidates(cfg, run_dir, restarted=False, warn=False)
     if candidates:
         check_compatible(candidates[0].meta, cfg, candidates[0].path)
+        # An adapter run's base from weight files: the same files (a random init: on the ranks).
+        check_base(candidates[0].meta.get(BASE_KEY), file_base_identity(cfg), candidates[0].path)
         check_data_unchanged(
             candidates[0].meta.get("data"),
             cfg.data,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -25,6 +25,7 @@ from launcher.checkpoint.files import (
 from launcher.checkpoint.rng import reseed, set_rng_state
 from launcher.config.root import RootConfig
 from launcher.logs import get_logger
+from launcher.models.adapted import BASE_KEY, check_base
 from launcher.tracking.metrics import RunTotals
 
 if TYPE_CHECKING:
@@ -44,7 +45,12 @@ class ResumeState:
 
 
 def load_resume_state(
-    cfg: RootConfig, run_dir: Path, ctx: DistContext, engine: Engine, restarted: bool = False
+    cfg: RootConfig,
+    run_dir: Path,
+    ctx: DistContext,
+    engine: Engine,
+    restarted: bool = False,
+    base: dict[str, Any] | None = None,
 ) -> ResumeState | None:
     """Collective: load the checkpoint train.resume asks for (trying older ones if one fails to
     load); the step and totals to continue from (None: start from step 1)."""
@@ -55,6 +61,7 @@ def load_resume_state(
     failed: list[tuple[Path, str]] = []
     for ckpt in candidates:
         check_compatible(ckpt.meta, cfg, ckpt.path, warn=ctx.is_main and ckpt.path != judged)
+        check_base(ckpt.meta.get(BASE_KEY), base, ckpt.path)  # adapters: the same base weights
         problem = _load(ckpt, cfg, ctx, engine)
         if problem is None:
             return _resumed(ckpt, cfg, ctx)

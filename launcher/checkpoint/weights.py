@@ -10,6 +10,7 @@ from collections.abc import Container
 import torch
 from torch import nn
 
+from launcher.adapters.apply import frozen_names
 from launcher.checkpoint.files import ENGINE_DIR, Checkpoint
 from launcher.config.root import RootConfig
 from launcher.engines import engine_spec, engine_spec_named
@@ -36,15 +37,31 @@ def user_name(name: str, names: Container[str]) -> str:
 
 def load_strict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy `state` into `model`: every weight of the model, no other. A weight tied to another
-    (GPT's head is its embedding) may be given once, under either name."""
-    own = model.state_dict(keep_vars=True)
+    (GPT's head is its embedding) may be given once, under either name. The frozen base of an
+    adapter run is not in its checkpoints: its weights are the model's own already."""
+    frozen = frozen_names(model)
+    own = {k: v for k, v in model.state_dict(keep_vars=True).items() if k not in frozen}
     renamed = {user_name(name, own): value for name, value in state.items()}
+    # A frozen weight a format keeps anyway (DeepSpeed's tied duplicates): the model has it.
+    renamed = {name: value for name, value in renamed.items() if name not in frozen}
     unexpected = sorted(set(renamed) - set(own))
     given = {own[name].data_ptr() for name in renamed if name in own}
     missing = sorted(n for n in set(own) - set(renamed) if own[n].data_ptr() not in given)
     if missing or unexpected:
         raise KeyError(f"missing {missing[:3]}, unexpected {unexpected[:3]}")
     model.load_state_dict(renamed, strict=False)
+
+
+def adapted_model(cfg: RootConfig, checkpoint: Checkpoint) -> nn.Module:
+    """An adapter run's model on the CPU: its base rebuilt as the run built it (the same seed,
+    the same initial weights), the adapters (and adapter.train_modules) from `checkpoint`."""
+    from launcher.models.adapted import build_trained_model
+
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+        torch.manual_seed(cfg.train.seed)
+        model = build_trained_model(cfg)
+    load_weights(model, checkpoint, cfg)
+    return model
 
 
 def load_weights(model: nn.Module, checkpoint: Checkpoint, cfg: RootConfig) -> None:

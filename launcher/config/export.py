@@ -20,6 +20,9 @@ class ExportConfig:
     """Replace a non-empty --output directory (refused without it)."""
     at_end: bool = False
     """`launch train`: export the final checkpoint into the run directory's export/."""
+    merge: bool = False
+    """An adapter run (adapter=lora): write the base with the adapters merged in (a directory
+    that loads without peft) instead of a peft adapter directory."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

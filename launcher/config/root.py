@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from launcher.config.ac import AcConfig
+from launcher.config.adapter import AdapterConfig
 from launcher.config.batch import BatchSplit, resolve_batch
 from launcher.config.checks import require_finite
 from launcher.config.cluster import ClusterConfig, ClusterKind
@@ -52,6 +53,7 @@ class RootConfig:
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
 
     def __post_init__(self) -> None:
         # Every section's float fields, also those of a section that does not check its own.

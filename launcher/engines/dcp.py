@@ -24,8 +24,15 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.stateful import Stateful
+
+from launcher.adapters.apply import frozen_names
+from launcher.models.names import plain_name
 
 # What a DCP `.metadata` file may name: DCP's own index records, torch sizes, dtypes and layouts.
 _METADATA_CLASSES = {
@@ -86,6 +93,13 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
+def _plain(name: str) -> str:
+    """A parameter's name as DCP's state_dict helpers give it: no wrapper infixes, no DDP
+    `module.` prefix."""
+    name = plain_name(name)
+    return name.removeprefix("module.")
+
+
 MODEL_AND_OPTIMIZER = "model_optim"
 """The key of ModelAndOptimizer in the engines' DCP state (engines/base.py)."""
 
@@ -99,7 +113,12 @@ class ModelAndOptimizer(Stateful):
 
     def state_dict(self) -> dict[str, Any]:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        frozen = self._frozen()  # an adapter run saves what trains, not its frozen base
+        model_state = {k: v for k, v in model_state.items() if k not in frozen}
         return {"model": model_state, "optim": optim_state}
+
+    def _frozen(self) -> set[str]:
+        return {_plain(n) for n in frozen_names(self.model)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         set_state_dict(
@@ -107,6 +126,7 @@ class ModelAndOptimizer(Stateful):
             self.optimizer,
             model_state_dict=state_dict["model"],
             optim_state_dict=state_dict["optim"],
+            options=StateDictOptions(strict=not self._frozen()),
         )
 
 
@@ -145,7 +165,12 @@ def read_model_weights(directory: Path, model: nn.Module) -> dict[str, torch.Ten
     """The model weights of a checkpoint that holds a ModelAndOptimizer, read in one process
     without a process group (DCP reshards any dp into the one full model); `model` gives the names
     and shapes and is left unchanged."""
-    weights = {name: torch.empty_like(value) for name, value in model.state_dict().items()}
+    frozen = frozen_names(model)  # an adapter run's base: not in its checkpoints
+    weights = {
+        name: torch.empty_like(value)
+        for name, value in model.state_dict().items()
+        if name not in frozen
+    }
     with warnings.catch_warnings():  # "no process group: loading in a single process" is the plan
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(

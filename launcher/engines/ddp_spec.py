@@ -29,13 +29,13 @@ class DDPSpec(DCPSpec):
     def memory_parts(self, cfg: RootConfig, shape: ModelShape) -> dict[str, int]:
         """fp32 parameters, gradients and moments, whole; with more than one rank DDP's reducer
         keeps its own copy of every gradient in its buckets (bucket_cap_mb each)."""
-        p = shape.parameters
+        p, t = shape.parameters, shape.trained  # t: all but an adapter run's frozen base
         return {
             "parameters": p * FP32,
-            "gradients": p * FP32,
-            "optimizer_state": 2 * p * FP32,
+            "gradients": t * FP32,
+            "optimizer_state": 2 * t * FP32,
             "precision_copies": 0,  # autocast's 16-bit weights live in the activations' probe
-            "comm_buffers": p * FP32 if cfg.parallel.dp > 1 else 0,
+            "comm_buffers": t * FP32 if cfg.parallel.dp > 1 else 0,
         }
 
     def leaner_variants(self, cfg: RootConfig) -> list[tuple[str, RootConfig]]:

@@ -73,7 +73,9 @@ class DeepSpeedEngine(Engine):
         os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))
         self.ds_config = build_ds_config(cfg)
         self.module = model.to(ctx.device)
-        # The client optimizer and scheduler are the ones ddp and fsdp use: the same numbers.
+        self._frozen = any(not p.requires_grad for p in self.module.parameters())
+        # The client optimizer and scheduler are the ones ddp and fsdp use: the same numbers
+        # (the optimizer holds the trainable parameters only: an adapter run's base is frozen).
         self.optimizer = build_optimizer(self.module, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.train.steps, cfg.optim)
         # Other ranks speak only on error: DeepSpeed print()s progress while it sets up comms.
@@ -142,7 +144,13 @@ class DeepSpeedEngine(Engine):
 
     def save_checkpoint(self, directory: Path, client_state: dict[str, Any]) -> None:
         """Collective: DeepSpeed's own checkpoint (model, ZeRO partitions, scheduler, scaler)."""
-        self.ds.save_checkpoint(str(directory), tag=CHECKPOINT_TAG, client_state=client_state)
+        self.ds.save_checkpoint(
+            str(directory),
+            tag=CHECKPOINT_TAG,
+            client_state=client_state,
+            # An adapter run's frozen base is rebuilt from its source, never saved.
+            exclude_frozen_parameters=self._frozen,
+        )
 
     def load_checkpoint(self, directory: Path) -> dict[str, Any]:
         """Collective: restore what save_checkpoint wrote; return its client_state."""
@@ -151,6 +159,7 @@ class DeepSpeedEngine(Engine):
             tag=CHECKPOINT_TAG,
             load_optimizer_states=True,
             load_lr_scheduler_states=True,
+            load_module_strict=not self._frozen,  # the frozen base is not in the checkpoint
         )
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
@@ -172,5 +181,7 @@ def read_weights(directory: Path, zero_stage: int) -> dict[str, torch.Tensor]:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=CHECKPOINT_TAG)
+            state = get_fp32_state_dict_from_zero_checkpoint(
+                str(directory), tag=CHECKPOINT_TAG, exclude_frozen_parameters=True
+            )
     return {name: value.float() for name, value in state.items()}

@@ -96,7 +96,8 @@ class DeepSpeedSpec(EngineSpec):
         dp, p, stage = cfg.parallel.dp, shape.parameters, cfg.engine.zero_stage
         width = bytes_per_element(cfg.train.precision)
         reduced = is_reduced(cfg.train.precision)
-        master = p * FP32 if stage == 0 and reduced else (p * FP32 // dp if stage >= 1 else 0)
+        t = shape.trained  # gradients, moments, master copy: none for a frozen base
+        master = t * FP32 if stage == 0 and reduced else (t * FP32 // dp if stage >= 1 else 0)
         buckets = 0
         if stage >= 1 and _zero(ds_config, "contiguous_gradients", stage):
             # Stages 1-2 double-buffer under overlap_comm; stage 3 keeps one flat bucket.
@@ -113,13 +114,13 @@ class DeepSpeedSpec(EngineSpec):
             parameters = persistent * width + sharded * width // dp
             buckets += live * width + 2 * shape.block_parameters * width
         elif stage == 0 and dp > 1:
-            buckets += p * width  # the flattened gradients of an all-reduce
+            buckets += t * width  # the flattened gradients of an all-reduce
         return {
             "parameters": parameters,
             # Stage 1 runs stage 2's code in DeepSpeed: gradients are reduced through the bucket
             # into this rank's fp32 partition, so it keeps no whole gradient either (measured).
-            "gradients": p * FP32 // dp if stage >= 1 else p * width,
-            "optimizer_state": 2 * p * FP32 // (dp if stage >= 1 else 1),
+            "gradients": t * FP32 // dp if stage >= 1 else t * width,
+            "optimizer_state": 2 * t * FP32 // (dp if stage >= 1 else 1),
             "precision_copies": master,
             "comm_buffers": buckets,
         }

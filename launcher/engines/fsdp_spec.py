@@ -79,14 +79,16 @@ class FSDPSpec(DCPSpec):
         width = bytes_per_element(cfg.train.precision)
         root = p - shape.n_blocks * shape.block_parameters
         gathered = (root + 2 * shape.block_parameters) * width
-        unsharded_grads = (root + shape.block_parameters) * FP32
-        sharded = p * FP32 // dp
-        accumulated = p * FP32 if cfg.split().grad_accum > 1 else 0
+        t = shape.trained  # gradients and moments: none for an adapter run's frozen base
+        root_trained = t - shape.n_blocks * shape.block_trained
+        unsharded_grads = (root_trained + shape.block_trained) * FP32
+        sharded = t * FP32 // dp
+        accumulated = t * FP32 if cfg.split().grad_accum > 1 else 0
         offload = cfg.engine.offload == Offload.params
         return {
             "parameters": p * FP32 // dp,
             "gradients": sharded + accumulated if offload else accumulated or sharded,
-            "optimizer_state": 2 * p * FP32 // dp,
+            "optimizer_state": 2 * t * FP32 // dp,
             "precision_copies": 0,
             "comm_buffers": gathered + unsharded_grads,
         }
@@ -99,7 +101,7 @@ class FSDPSpec(DCPSpec):
         parts = self.memory_parts(cfg, shape)
         host = offloaded(parts, ("parameters", "gradients", "optimizer_state"))
         # The shards only: accumulated unsharded gradients stay on the device.
-        host["gradients"] = shape.parameters * FP32 // (cfg.parallel.dp // cfg.replicas())
+        host["gradients"] = shape.trained * FP32 // (cfg.parallel.dp // cfg.replicas())
         return host
 
     def offload_variants(self, cfg: RootConfig) -> list[tuple[str, RootConfig]]:

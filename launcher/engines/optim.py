@@ -12,7 +12,9 @@ from launcher.config.train import OptimConfig
 
 
 def param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:
-    """Decay matrices and embeddings; not biases or norm weights."""
+    """Decay matrices and embeddings; not biases or norm weights. Frozen parameters (an adapter
+    run's base) are left out, and so is a group left empty (LoRA's adapters are all matrices):
+    ZeRO-3 drops empty groups, and the schedule must see the groups the optimizer keeps."""
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     seen: set[int] = set()
@@ -21,10 +23,11 @@ def param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float
             continue
         seen.add(id(p))
         (decay if p.dim() >= 2 else no_decay).append(p)
-    return [
+    groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    return [g for g in groups if g["params"]]
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from launcher.adapters.export import write_adapter
 from launcher.checkpoint.files import Checkpoint
 from launcher.checkpoint.weights import RUN_KEY
 from launcher.config.export import ExportConfig
@@ -23,11 +24,13 @@ from launcher.export.weights import (
     DTYPES,
     is_transformers,
     stamp,
+    write_model_config,
     write_plain,
     write_tokenizer,
     write_transformers,
 )
 from launcher.logs import get_logger, setup_logging
+from launcher.models.adapted import base_source
 
 log = get_logger("export")
 
@@ -42,6 +45,7 @@ otherwise model.safetensors and model.yaml (the model section that rebuilds it).
 RUN/export. A new run starts from it with model=hf model.path=DIR, or model.init_from=DIR.
 
 overrides: export.dtype=fp32|bf16|fp16  export.overwrite=true (replace a non-empty --output)
+           export.merge=true (an adapter run: the merged model instead of a peft adapter directory)
 """
 
 
@@ -50,13 +54,15 @@ def apply_overrides(export: ExportConfig, overrides: dict[str, str]) -> ExportCo
     for key, value in overrides.items():
         if key == "export.dtype":
             changes["dtype"] = value
-        elif key == "export.overwrite":
+        elif key in ("export.overwrite", "export.merge"):
             if value.lower() not in ("true", "false"):
                 raise ConfigError(key, f"{value!r} is not true or false.", f"{key}=true.")
-            changes["overwrite"] = value.lower() == "true"
+            changes[key.split(".", 1)[1]] = value.lower() == "true"
         else:
             raise ConfigError(
-                key, "is not an option of launch export.", "use export.dtype, export.overwrite."
+                key,
+                "is not an option of launch export.",
+                "use export.dtype, export.overwrite, export.merge.",
             )
     return dataclasses.replace(export, **changes)  # type: ignore[arg-type]
 
@@ -69,7 +75,7 @@ def export_run(argument: str, output: Path | None, export: ExportConfig) -> Path
     target = (output or run_dir / EXPORT_DIR).expanduser().absolute()
     check_output(target, export.overwrite, run_dir)  # before any weight is read
     started = time.perf_counter()
-    cfg, model, checkpoint = _load_while_it_lasts(argument, chosen)
+    cfg, model, checkpoint = _load_while_it_lasts(argument, chosen, export.merge)
     tmp = temporary_sibling(target)
     try:
         _write(cfg, model, checkpoint.path, checkpoint.step, tmp, export)
@@ -85,14 +91,14 @@ def export_run(argument: str, output: Path | None, export: ExportConfig) -> Path
 
 
 def _load_while_it_lasts(
-    argument: str, chosen: Checkpoint
+    argument: str, chosen: Checkpoint, merge: bool = True
 ) -> tuple[RootConfig, torch.nn.Module, Checkpoint]:
     """load_model, with one clear error when the checkpoint vanished while it was read (a run
     still training deletes its older checkpoints, checkpoint.keep)."""
     from launcher.serve.load import load_model
 
     try:
-        return load_model(argument, torch.device("cpu"))
+        return load_model(argument, torch.device("cpu"), merge=merge)
     except Exception:
         if chosen.path.exists():
             raise
@@ -114,7 +120,13 @@ def _write(
     export: ExportConfig,
 ) -> None:
     dtype = DTYPES[export.dtype]
-    if is_transformers(model):
+    if cfg.adapter.enabled and not export.merge:  # a peft adapter directory (docs/adapters.md)
+        write_adapter(
+            model, cfg.adapter, base_source(cfg)[1], directory, dtype, is_transformers(model)
+        )
+        if not is_transformers(model):
+            write_model_config(cfg, directory)
+    elif is_transformers(model):
         write_transformers(model, directory, dtype)
     else:
         write_plain(model, cfg, directory, dtype)

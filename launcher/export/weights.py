@@ -42,7 +42,6 @@ def write_plain(model: nn.Module, cfg: RootConfig, directory: Path, dtype: torch
     """model.safetensors under the model's own parameter names (tied weights under each name,
     so load_state_dict(strict=True) works), and model.yaml, the config that rebuilds the module
     with hydra.utils.instantiate."""
-    from omegaconf import OmegaConf
     from safetensors.torch import save_file
 
     tensors = {
@@ -50,6 +49,13 @@ def write_plain(model: nn.Module, cfg: RootConfig, directory: Path, dtype: torch
         for name, t in model.state_dict().items()
     }
     save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_model_config(cfg, directory)
+
+
+def write_model_config(cfg: RootConfig, directory: Path) -> None:
+    """model.yaml: the config that rebuilds the module with hydra.utils.instantiate."""
+    from omegaconf import OmegaConf
+
     text = OmegaConf.to_yaml(rebuild_config(cfg))
     (directory / MODEL_CONFIG_FILE).write_text(text, encoding="utf-8")
 

@@ -155,7 +155,13 @@ def plan_and_choose(
     """The memory plan of a run and its auto choices: (the config the ranks run, the choice)."""
     blocks = len(info.blocks) if info.blocks is not None else 0
     shape = ModelShape(
-        info.parameters, info.block_parameters, blocks, info.largest_parameter, info.parameter_sizes
+        info.parameters,
+        info.block_parameters,
+        blocks,
+        info.largest_parameter,
+        info.parameter_sizes,
+        info.trainable,
+        info.block_trainable,
     )
     choice = choose(Planner(cfg, shape), budget)
     return resolved(cfg, choice), choice

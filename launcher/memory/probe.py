@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from launcher.adapters.apply import apply_adapter
 from launcher.config.ac import AcConfig, AcPolicy
 from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
@@ -171,6 +172,8 @@ def _probe(cfg: RootConfig, policies: list[AcPolicy]) -> dict[AcPolicy, Activati
 
 def _build(cfg: RootConfig) -> nn.Module:
     model = build_model(cfg.model)
+    if cfg.adapter.enabled:  # the adapters' activations too, and no gradient for the base
+        apply_adapter(model, cfg.adapter)
     if _model_dtype_cast(cfg):
         model = model.to(dtype(cfg.train.precision))
     model.train()

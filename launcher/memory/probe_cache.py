@@ -98,6 +98,8 @@ def probe_key(cfg: RootConfig, policy: str, cast: bool) -> str:
         "code": code,
         **versions,
     }
+    if cfg.adapter.enabled:  # the adapters' own activations (keys of other runs unchanged)
+        identity["adapter"] = cfg.adapter.fingerprint()
     text = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from launcher.adapters.targets import count_parameters, resolve
 from launcher.config.ac import AcPolicy
 from launcher.config.model import UserModelConfig, blocks_path
 from launcher.config.root import RootConfig
@@ -41,6 +42,10 @@ class ModelInfo:
     """Elements of the largest parameter (the optimizer's per-tensor temporaries)."""
     parameter_sizes: tuple[int, ...] = ()
     """Elements of each parameter (ZeRO-3 keeps the small ones whole)."""
+    trainable: int | None = None
+    """Parameters that train (adapter=lora: the adapters and train_modules); None: all."""
+    block_trainable: int | None = None
+    """The same for one repeated block."""
 
 
 class _NoInitOnMeta(TorchFunctionMode):
@@ -181,4 +186,19 @@ def inspect_model(cfg: RootConfig, engine_needs: str | None) -> ModelInfo:
         check_vocab(cfg, cfg.model, vocab)
     block = sum(p.numel() for p in blocks.blocks[0].parameters()) if blocks else 0
     sizes = tuple(p.numel() for p in model.parameters())
-    return ModelInfo(parameters, blocks, vocab, block, max(sizes, default=0), sizes)
+    if not cfg.adapter.enabled:
+        return ModelInfo(parameters, blocks, vocab, block, max(sizes, default=0), sizes)
+    # adapter.targets / train_modules / rank checked against the model's layers, and counted.
+    first = blocks.blocks[0] if blocks else None
+    counts = count_parameters(model, resolve(model, cfg.adapter), cfg.adapter.rank, first)
+    sizes += counts.sizes
+    return ModelInfo(
+        parameters + counts.added,
+        blocks,
+        vocab,
+        block + counts.block_added,
+        max(sizes, default=0),
+        sizes,
+        trainable=counts.trainable,
+        block_trainable=counts.block_trainable,
+    )

@@ -22,3 +22,16 @@ class ModelShape:
     largest_parameter: int
     parameter_sizes: tuple[int, ...] = ()
     """Elements of each parameter (ZeRO-3 keeps those under its persistence threshold whole)."""
+    trainable: int | None = None
+    """Parameters with gradients and optimizer state (an adapter run's); None: all of them."""
+    block_trainable: int | None = None
+    """The same for one repeated block."""
+
+    @property
+    def trained(self) -> int:
+        """Parameters that get gradients and optimizer state (a frozen base gets neither)."""
+        return self.parameters if self.trainable is None else self.trainable
+
+    @property
+    def block_trained(self) -> int:
+        return self.block_parameters if self.block_trainable is None else self.block_trainable

@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from launcher.adapters.apply import apply_adapter
 from launcher.config.ac import AcConfig, AcPolicy
 from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
@@ -206,6 +207,8 @@ def activation_report(
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         with torch.device(device):
             replica = build_model(cfg.model)
+            if cfg.adapter.enabled:  # the same adapters: no weight gradient for the base
+                apply_adapter(replica, cfg.adapter)
         replica.train()
         blocks = blocks_path(cfg.model)
         apply_recompute(replica, cfg.ac, blocks)

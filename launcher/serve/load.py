@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from launcher.adapters.apply import merge_adapters
 from launcher.checkpoint.files import Checkpoint, find_checkpoints, inspect
-from launcher.checkpoint.weights import RUN_KEY, load_weights
+from launcher.checkpoint.weights import RUN_KEY, adapted_model, load_weights
 from launcher.config.load import load_config_file
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
@@ -73,12 +74,15 @@ def _missing(argument: str, path: Path) -> ConfigError:
     return ConfigError(RUN_KEY, f"{argument} does not exist.", "pass a run directory.")
 
 
-def load_model(argument: str, device: torch.device) -> tuple[RootConfig, nn.Module, Checkpoint]:
+def load_model(
+    argument: str, device: torch.device, merge: bool = True
+) -> tuple[RootConfig, nn.Module, Checkpoint]:
     """The run's config, its model (eval mode, fp32, on `device`) with the checkpoint's weights,
-    and the checkpoint: what export needs, for any data source (token files have no tokenizer)."""
+    and the checkpoint: what export needs, for any data source (token files have no tokenizer).
+    An adapter run's adapters are merged into its base unless merge=False."""
     run_dir, checkpoint = find_checkpoint(argument)
     cfg = load_config_file(run_dir / CONFIG_FILE)
-    return cfg, _model_of(cfg, checkpoint, device), checkpoint
+    return cfg, _model_of(cfg, checkpoint, device, merge), checkpoint
 
 
 def load_run(argument: str, device: torch.device) -> LoadedRun:
@@ -90,7 +94,12 @@ def load_run(argument: str, device: torch.device) -> LoadedRun:
     return LoadedRun(cfg, _model_of(cfg, checkpoint, device), codec, checkpoint)
 
 
-def _model_of(cfg: RootConfig, checkpoint: Checkpoint, device: torch.device) -> nn.Module:
+def _model_of(
+    cfg: RootConfig, checkpoint: Checkpoint, device: torch.device, merge: bool = True
+) -> nn.Module:
+    if cfg.adapter.enabled:  # the base and its adapters, merged in memory (docs/adapters.md)
+        model = adapted_model(cfg, checkpoint)
+        return (merge_adapters(model) if merge else model).float().to(device).eval()
     with torch.device("cpu"):
         model = build_model(cfg.model)
     load_weights(model, checkpoint, cfg)

@@ -24,9 +24,8 @@ from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger, setup_logging
 from launcher.memory.auto import require_planned
 from launcher.memory.peak import PeakMeter, planned_peak_bytes
-from launcher.models import build_model as construct_model
+from launcher.models.adapted import base_identity, build_trained_model
 from launcher.models.documents import require_position_ids
-from launcher.models.init_from import load_initial_weights
 from launcher.recompute.measure import activation_report
 from launcher.recompute.policies import apply_recompute
 from launcher.rundir import clear_stopped, rank_error_file, read_stopped
@@ -83,9 +82,8 @@ def warn_batch_dependent_layers(model: nn.Module, micro_size: int, global_size: 
 
 def build_model(cfg: RootConfig) -> nn.Module:
     seed_everything(cfg.train.seed)  # the same initial weights on every rank and every split
-    model = construct_model(cfg.model)  # the built-in GPT, or the user's own by `_target_`
-    if cfg.model.init_from:  # a fine-tuning run: the exported weights, on every rank
-        load_initial_weights(model, cfg.model.init_from)
+    # The built-in GPT or the user's own, its initial weights, then the adapters (adapter=lora).
+    model = build_trained_model(cfg)
     apply_recompute(model, cfg.ac, blocks_path(cfg.model))
     if cfg.train.compile:  # after the policy (it wraps blocks), before an engine shards them
         compile_blocks(model, cfg.ac, blocks_path(cfg.model))
@@ -112,6 +110,7 @@ def train_rank(
     model = build_model(cfg)
     if cfg.data.document_masks:  # before any engine wraps it
         require_position_ids(model)
+    base = base_identity(cfg, model)  # adapter runs: what the checkpoints' adapters sit on
     warn_batch_dependent_layers(model, split.micro_size, split.global_size)
     engine = build_engine(cfg, model, ctx)
     seed_rank(cfg, ctx.rank)
@@ -121,6 +120,7 @@ def train_rank(
     trainer = Trainer(cfg, ctx, engine, dataset, tracker, loss_fn=loss_function(cfg))
     checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
     checkpoints.before_marker = save_pause(cfg, run_dir)
+    checkpoints.base = base
     # The measured peak of the first steps, against the plan (before a checkpoint is saved).
     planned = planned_peak_bytes(run_dir)
     meter = PeakMeter(ctx.device, engine.model, cfg.train.steps, planned, ctx.is_main)

@@ -1,0 +1,143 @@
+"""adapter=lora through `launch` on the built-in GPT: the same exact curves for every split and
+engine (ddp, fsdp, ZeRO-3) as one process, checkpoints the adapter's size, a kill -9 resumed
+bitwise, and `launch plan` showing the plan beside a full fine-tune's.
+
+fp32, dropout 0, 6 steps, global batch 8 = dp 2 x grad_accum 2 x micro 2 against one process
+running the whole global batch at once (tests/e2e/test_engines.py's shape)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_resume import last_per_step
+from tests.helpers import (
+    FAST,
+    BackgroundLaunch,
+    max_rel_diff,
+    read_losses,
+    read_metrics,
+    read_summary,
+    run_launch,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
+
+STEPS = 6
+LORA = ["adapter=lora", "adapter.rank=4", "adapter.targets=[attn.qkv,mlp.fc]"]
+CURVE = [
+    "train",
+    *FAST,
+    *LORA,
+    "model.dropout=0",
+    f"train.steps={STEPS}",
+    "batch.global_size=8",
+    "data.eval_problems=1",
+    "train.precision=fp32",
+]
+SPLIT = ["parallel.dp=2", "batch.micro_size=2"]  # dp 2 x grad_accum 2 x micro 2
+ENGINES = {
+    "ddp": ["engine=ddp"],
+    "fsdp": ["engine=fsdp"],
+    "deepspeed_zero3": ["engine=deepspeed", "engine.zero_stage=3"],
+}
+ENV = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process, one micro-batch of the whole global batch (its final checkpoint kept). A
+    subprocess: the CPU memory meter counts every live tensor of its process."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    run_launch([*CURVE, "parallel.dp=1", "batch.grad_accum=1"], run_dir, env=ENV, in_process=False)
+    assert len(read_metrics(run_dir)) == STEPS
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def split_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """dp=2 runs by engine, made by the test that needs one first."""
+    return {}
+
+
+def split_run(name: str, runs: dict[str, Path], root: Path) -> Path:
+    if name not in runs:
+        run_dir = root / name
+        run_launch([*CURVE, *SPLIT, *ENGINES[name]], run_dir, env=ENV, in_process=True)
+        runs[name] = run_dir
+    return runs[name]
+
+
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_split_matches_one_process(
+    name: str,
+    reference: Path,
+    split_runs: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    run_dir = split_run(name, split_runs, tmp_path_factory.mktemp(name))
+    ours, theirs = read_metrics(run_dir), read_metrics(reference)
+    for key in ("loss", "grad_norm", "lr"):
+        a, b = [m[key] for m in ours], [m[key] for m in theirs]
+        assert max_rel_diff(a, b) < 1e-5, (key, a, b)
+
+
+def engine_bytes(run_dir: Path) -> int:
+    step = max((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
+    return sum(f.stat().st_size for f in (step / "engine").rglob("*") if f.is_file())
+
+
+def test_checkpoint_is_the_adapters_size(reference: Path, tmp_path: Path) -> None:
+    full = tmp_path / "full"
+    run_launch(
+        [
+            *CURVE[: CURVE.index(LORA[0])],
+            *CURVE[CURVE.index(LORA[-1]) + 1 :],
+            "parallel.dp=1",
+            "batch.grad_accum=1",
+        ],
+        full,
+        env=ENV,
+    )
+    # Weights and two AdamW moments of the trainable parameters: the tiny GPT (d_model 64, 2
+    # layers, vocab 256) has 116k parameters, rank-4 adapters on qkv and fc 5.1k (4.4%).
+    ratio = engine_bytes(reference) / engine_bytes(full)
+    assert ratio < 0.1, ratio
+
+
+def test_kill_9_resumes_bitwise(
+    split_runs: dict[str, Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    undisturbed = read_losses(split_run("ddp", split_runs, tmp_path_factory.mktemp("ddp")))
+    run_dir = tmp_path / "run"
+    args = [*CURVE, *SPLIT, "checkpoint.every=2", "wandb.mode=disabled"]
+    env = {"WANDB_MODE": "disabled", **ENV}
+    launch = BackgroundLaunch(
+        [*args, "debug.step_sleep_s=0.3"], run_dir, tmp_path / "run.log", env, own_session=True
+    )
+    try:
+        launch.wait_for_step(3)
+    finally:
+        os.killpg(launch.proc.pid, signal.SIGKILL)  # launch, torchrun's agent and both ranks
+        launch.wait()
+    proc = run_launch(args, run_dir, env=ENV)
+    assert "resuming from" in proc.stdout and "after step 2" in proc.stdout
+    assert last_per_step(run_dir) == undisturbed  # bitwise
+
+
+def test_memory_plan_knows_the_base_is_frozen(reference: Path, tmp_path: Path) -> None:
+    summary = read_summary(reference)  # measured within 15% of the plan
+    assert abs(summary["peak_memory_bytes"] / summary["planned_peak_bytes"] - 1) < 0.15
+    plan = json.loads((reference / "plan.json").read_text())
+    lora, full = plan["memory_plan"]["parts"], plan["full_finetune"]["parts"]
+    assert lora["parameters"] > full["parameters"]  # the base and its adapters
+    # Gradients and two moments of the adapters only: 5.1k of the base's 116k parameters.
+    assert lora["gradients"] * 2 == lora["optimizer_state"] < full["gradients"] / 10
+    out = run_launch(["plan", *CURVE[1:]], tmp_path / "plan").stdout
+    assert "adapter     per rank          lora      full fine-tune" in out
+    for part in ("parameters", "gradients", "optimizer_state", "planned peak"):
+        assert f"  {part}" in out.split("full fine-tune", 1)[1]
