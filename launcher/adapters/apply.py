@@ -48,9 +48,15 @@ def apply_adapter(model: nn.Module, cfg: AdapterConfig) -> Resolved:
     peft = require_peft()
     peft.inject_adapter_in_model(lora_config(cfg, resolved), model, adapter_name=ADAPTER_NAME)
     trained = tuple(resolved.train_modules)
-    for name, param in model.named_parameters(remove_duplicate=False):
-        in_full = any(name.startswith(m + ".") for m in trained)
-        param.requires_grad_(is_adapter_name(name) or in_full)
+    # A tied parameter (the GPT's tok_emb.weight is head.weight) trains when any of its names
+    # does: setting requires_grad name by name would let its last name (head) freeze it again.
+    train_ids = {
+        id(param)
+        for name, param in model.named_parameters(remove_duplicate=False)
+        if is_adapter_name(name) or any(name.startswith(m + ".") for m in trained)
+    }
+    for param in model.parameters():
+        param.requires_grad_(id(param) in train_ids)
     return resolved
 
 

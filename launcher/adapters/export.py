@@ -37,6 +37,23 @@ def trained_modules(model: nn.Module) -> list[str]:
     return found
 
 
+def tied_trained(model: nn.Module) -> list[str]:
+    """Names of trained modules whose parameters also appear under a name outside them (the
+    GPT's tok_emb.weight is head.weight): peft's modules_to_save copies the module and unties
+    it, so an adapter directory would not give this model."""
+    modules = trained_modules(model)
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    tied = []
+    for module in modules:
+        for param in model.get_submodule(module).parameters():
+            if any(not n.startswith(module + ".") for n in names[id(param)]):
+                tied.append(module)
+                break
+    return tied
+
+
 def adapter_state(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The trained tensors under peft's saved names (no adapter name: peft adds it on load)."""
     state: dict[str, torch.Tensor] = {}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from launcher.adapters.export import write_adapter
+from launcher.adapters.export import tied_trained, write_adapter
 from launcher.checkpoint.files import Checkpoint
 from launcher.checkpoint.weights import RUN_KEY
 from launcher.config.export import ExportConfig
@@ -76,6 +76,16 @@ def export_run(argument: str, output: Path | None, export: ExportConfig) -> Path
     check_output(target, export.overwrite, run_dir)  # before any weight is read
     started = time.perf_counter()
     cfg, model, checkpoint = _load_while_it_lasts(argument, chosen, export.merge)
+    tied = tied_trained(model) if cfg.adapter.enabled and not export.merge else []
+    if tied:
+        where = f" --output {output}" if output is not None else ""
+        raise ConfigError(
+            "export.merge",
+            f"adapter.train_modules {tied[0]} shares its weight with another module (tied), "
+            "which a peft adapter directory unties (modules_to_save): it would not give this "
+            "run's model.",
+            f"launch export {argument}{where} export.merge=true",
+        )
     tmp = temporary_sibling(target)
     try:
         _write(cfg, model, checkpoint.path, checkpoint.step, tmp, export)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from launcher.adapters.apply import apply_adapter, is_adapter_name, merge_adapters
+from launcher.adapters.export import tied_trained
 from launcher.adapters.targets import resolve
 from launcher.checkpoint.checkpointer import Checkpointer
 from launcher.checkpoint.preflight import check_resume
@@ -88,6 +89,20 @@ def test_train_modules_must_match_and_not_overlap_the_targets() -> None:
     with pytest.raises(ConfigError, match="both adapted and trained in full"):
         resolve(gpt(), lora(train_modules=["blocks.0.attn"]))
     assert resolve(gpt(), lora(train_modules=["pos_emb"])).train_modules == ["pos_emb"]
+
+
+def test_a_tied_embedding_in_train_modules_trains() -> None:
+    # The GPT's tok_emb.weight is also head.weight: its second name must not freeze it again.
+    model = gpt()
+    apply_adapter(model, lora(train_modules=["tok_emb"]))
+    assert model.head.weight is model.tok_emb.weight
+    assert model.tok_emb.weight.requires_grad
+    assert not model.pos_emb.weight.requires_grad
+    # ... and a peft adapter directory would untie it: launch export refuses without merge.
+    assert tied_trained(model) == ["tok_emb"]
+    untied = gpt()
+    apply_adapter(untied, lora(train_modules=["pos_emb"]))
+    assert tied_trained(untied) == []
 
 
 def test_config_checks_its_own_fields() -> None:
