@@ -42,6 +42,14 @@ def _matches(pattern: str, name: str) -> bool:
         return False
 
 
+def _regex_error(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        return f" (nor is it a valid regular expression: {error})"
+    return ""
+
+
 def _head_names(model: nn.Module) -> set[str]:
     getter = getattr(model, "get_output_embeddings", None)
     head = getter() if callable(getter) else None
@@ -93,7 +101,8 @@ def resolve(model: nn.Module, cfg: AdapterConfig) -> Resolved:
         if not found:
             raise ConfigError(
                 "adapter.targets",
-                f"{pattern!r} matches no layer an adapter can go on. The model's linear and "
+                f"{pattern!r} matches no layer an adapter can go on{_regex_error(pattern)}. "
+                "The model's linear and "
                 f"embedding layers: {listing(layers)}.",
                 f"name layers by their last parts (e.g. adapter.targets=[{_example(layers)}]), "
                 f"by a regular expression over the whole name, or [{ALL_LINEAR}].",
@@ -122,13 +131,20 @@ def resolve(model: nn.Module, cfg: AdapterConfig) -> Resolved:
                 "name modules by their last parts (e.g. adapter.train_modules=[tok_emb] or "
                 "[embed_tokens]) or by a regular expression over the whole name.",
             )
-        both = [n for n in found if any(n == t or t.startswith(n + ".") for t in targets)]
+        adapted = {id(p) for t in targets for p in modules[t].parameters()}
+        both = [
+            n
+            for n in found
+            if any(n == t or t.startswith(n + ".") for t in targets)
+            or any(id(p) in adapted for p in modules[n].parameters())  # tied: tok_emb is head
+        ]
         if both:
             raise ConfigError(
                 ["adapter.train_modules", "adapter.targets"],
-                f"{both[0]} would be both adapted and trained in full.",
-                f"take {pattern!r} out of adapter.train_modules or its layers out of "
-                "adapter.targets.",
+                f"{both[0]} would be both adapted and trained in full (a weight it shares "
+                "with an adapted layer counts too: tok_emb is the GPT's head).",
+                f"take {pattern!r} out of adapter.train_modules or its layers (or the layers "
+                "tied to it) out of adapter.targets.",
             )
         trained.extend(n for n in found if n not in trained)
     return Resolved(targets, trained)

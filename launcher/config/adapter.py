@@ -50,7 +50,9 @@ class AdapterConfig:
         require_positive("adapter.alpha", self.alpha)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(
-                "adapter.dropout", f"must be in [0, 1), got {self.dropout}.", "set 0 <= it < 1."
+                "adapter.dropout",
+                f"must be in [0, 1), got {self.dropout}.",
+                "adapter.dropout=0.0 (or below 1).",
             )
         for key, names in (
             ("adapter.targets", self.targets),

@@ -89,6 +89,10 @@ def test_train_modules_must_match_and_not_overlap_the_targets() -> None:
     with pytest.raises(ConfigError, match="both adapted and trained in full"):
         resolve(gpt(), lora(train_modules=["blocks.0.attn"]))
     assert resolve(gpt(), lora(train_modules=["pos_emb"])).train_modules == ["pos_emb"]
+    with pytest.raises(ConfigError, match="both adapted and trained in full"):  # head is tok_emb
+        resolve(gpt(), lora(targets=["head"], train_modules=["tok_emb"]))
+    with pytest.raises(ConfigError, match="nor is it a valid regular expression"):
+        resolve(gpt(), lora(targets=[r"blocks\.("]))
 
 
 def test_a_tied_embedding_in_train_modules_trains() -> None:
@@ -108,7 +112,7 @@ def test_a_tied_embedding_in_train_modules_trains() -> None:
 def test_config_checks_its_own_fields() -> None:
     with pytest.raises(ConfigError, match=r"^adapter\.rank"):
         lora(rank=0)
-    with pytest.raises(ConfigError, match=r"^adapter\.dropout"):
+    with pytest.raises(ConfigError, match=r"^adapter\.dropout.*Fix: adapter\.dropout=0\.0"):
         lora(dropout=1.0)
     with pytest.raises(ConfigError, match=r"^adapter\.targets"):
         lora(targets=[])
