@@ -5,6 +5,7 @@ weights it was trained beside)."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,24 @@ def base_source(cfg: RootConfig) -> tuple[str, str | None]:
     if path:
         return "model.path", str(Path(str(path)).expanduser().absolute())
     return "train.seed", None
+
+
+def with_recorded_base(cfg: RootConfig, saved: dict[str, Any] | None) -> RootConfig:
+    """cfg with its base's path as the checkpoint recorded it (absolute): a run's config keeps
+    model.init_from / model.path as typed, relative to where `launch train` ran, and `launch
+    export`, `generate` and `serve` of the run may run from anywhere."""
+    source = (saved or {}).get("source")
+    key = (saved or {}).get("key")
+    if not source or key not in ("model.init_from", "model.path"):
+        return cfg
+    if base_source(cfg)[0] != key:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    if key == "model.init_from":
+        cfg.model.init_from = str(source)
+    elif isinstance(cfg.model, UserModelConfig):
+        cfg.model.kwargs["path"] = str(source)
+    return cfg
 
 
 def _file_digest(path: str) -> str:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from launcher.adapters.apply import merge_adapters
+from launcher.models.adapted import BASE_KEY, with_recorded_base
 from launcher.checkpoint.files import Checkpoint, find_checkpoints, inspect
 from launcher.checkpoint.weights import RUN_KEY, adapted_model, load_weights
 from launcher.config.load import load_config_file
@@ -81,7 +82,7 @@ def load_model(
     and the checkpoint: what export needs, for any data source (token files have no tokenizer).
     An adapter run's adapters are merged into its base unless merge=False."""
     run_dir, checkpoint = find_checkpoint(argument)
-    cfg = load_config_file(run_dir / CONFIG_FILE)
+    cfg = with_recorded_base(load_config_file(run_dir / CONFIG_FILE), checkpoint.meta.get(BASE_KEY))
     return cfg, _model_of(cfg, checkpoint, device, merge), checkpoint
 
 
@@ -89,7 +90,7 @@ def load_run(argument: str, device: torch.device) -> LoadedRun:
     """The model and tokenizer of a run's checkpoint (the tokenizer first: a run without one is
     refused before its weights are read)."""
     run_dir, checkpoint = find_checkpoint(argument)
-    cfg = load_config_file(run_dir / CONFIG_FILE)
+    cfg = with_recorded_base(load_config_file(run_dir / CONFIG_FILE), checkpoint.meta.get(BASE_KEY))
     codec = codec_for(cfg.data)
     return LoadedRun(cfg, _model_of(cfg, checkpoint, device), codec, checkpoint)
 

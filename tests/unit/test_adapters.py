@@ -289,3 +289,27 @@ def test_a_frozen_duplicate_in_a_checkpoint_is_not_unexpected() -> None:
     del state["blocks.0.attn.qkv.lora_A.default.weight"]
     with pytest.raises(KeyError, match="missing"):
         load_strict(model, state)
+
+
+def test_an_adapter_run_loads_its_relative_base_from_any_directory(
+    ctx: DistContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # model.init_from as typed (relative to where `launch train` ran): `launch export`,
+    # `generate` and `serve` of the run use the base the checkpoint recorded, from anywhere.
+    from launcher.checkpoint.files import find_checkpoints
+    from launcher.checkpoint.weights import adapted_model
+
+    monkeypatch.chdir(tmp_path)
+    _export(tmp_path / "a", 1)
+    run_dir = tmp_path / "run"
+    cfg = make_config(model={"init_from": "a"}, adapter=LORA, checkpoint={"every": 0})
+    trainer = build_trainer(cfg, ctx, run_dir)
+    checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
+    checkpoints.base = base_identity(cfg, trainer.engine.module)
+    trainer.train()
+    checkpoints.save_final()
+    monkeypatch.chdir(run_dir)  # elsewhere: "a" is not here
+    model = adapted_model(cfg, find_checkpoints(run_dir)[0])
+    trained = dict(trainer.engine.module.named_parameters())
+    for name, param in model.named_parameters():
+        assert torch.equal(param, trained[name].detach()), name
