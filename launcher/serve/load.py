@@ -12,13 +12,13 @@ import torch
 from torch import nn
 
 from launcher.adapters.apply import merge_adapters
-from launcher.models.adapted import BASE_KEY, with_recorded_base
 from launcher.checkpoint.files import Checkpoint, find_checkpoints, inspect
 from launcher.checkpoint.weights import RUN_KEY, adapted_model, load_weights
 from launcher.config.load import load_config_file
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.models import build_model
+from launcher.models.adapted import BASE_KEY, with_recorded_base
 from launcher.rundir import CONFIG_FILE
 from launcher.serve.codec import Codec, codec_for
 
