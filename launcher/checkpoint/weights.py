@@ -55,9 +55,16 @@ def load_strict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 def adapted_model(cfg: RootConfig, checkpoint: Checkpoint) -> nn.Module:
     """An adapter run's model on the CPU: its base rebuilt as the run built it (the same seed,
     the same initial weights), the adapters (and adapter.train_modules) from `checkpoint`."""
-    from launcher.models.adapted import BASE_KEY, build_trained_model, with_recorded_base
+    from launcher.models.adapted import (
+        BASE_KEY,
+        build_trained_model,
+        check_recorded_base,
+        with_recorded_base,
+    )
 
-    cfg = with_recorded_base(cfg, checkpoint.meta.get(BASE_KEY))
+    saved = checkpoint.meta.get(BASE_KEY)
+    cfg = with_recorded_base(cfg, saved)
+    check_recorded_base(saved, cfg, checkpoint.path)
     with torch.random.fork_rng(devices=[]), torch.device("cpu"):
         torch.manual_seed(cfg.train.seed)
         model = build_trained_model(cfg)

@@ -65,6 +65,22 @@ def with_recorded_base(cfg: RootConfig, saved: dict[str, Any] | None) -> RootCon
     return cfg
 
 
+def check_recorded_base(saved: dict[str, Any] | None, cfg: RootConfig, checkpoint: Path) -> None:
+    """`launch export`, `generate`, `serve`: the base files the checkpoint recorded must still
+    hold the weights its adapters were trained on (cfg: with_recorded_base's)."""
+    now = file_base_identity(cfg)
+    if saved is None or now is None or saved.get("sha256") == now["sha256"]:
+        return
+    raise ConfigError(
+        now["key"],
+        f"the base {now['source']} has changed since checkpoint {checkpoint} was trained on it "
+        f"(sha256 {str(saved.get('sha256'))[:12]} then, {str(now['sha256'])[:12]} now): the "
+        "adapters mean nothing on other weights.",
+        f"put the very files the run trained on back at {now['source']}, or use a run "
+        "trained on the new base.",
+    )
+
+
 def _file_digest(path: str) -> str:
     source = Path(path)
     files = weight_files(path) if source.is_dir() and any(source.glob("*.safetensors")) else []

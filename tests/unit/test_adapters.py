@@ -313,3 +313,10 @@ def test_an_adapter_run_loads_its_relative_base_from_any_directory(
     trained = dict(trainer.engine.module.named_parameters())
     for name, param in model.named_parameters():
         assert torch.equal(param, trained[name].detach()), name
+
+    # ... and refuses a base whose files changed since: the adapters would be on other weights.
+    _export(tmp_path / "b", 2)
+    (tmp_path / "a" / "model.safetensors").unlink()
+    (tmp_path / "b" / "model.safetensors").rename(tmp_path / "a" / "model.safetensors")
+    with pytest.raises(ConfigError, match=r"^model\.init_from: the base .*/a has changed since"):
+        adapted_model(cfg, find_checkpoints(run_dir)[0])
