@@ -17,7 +17,7 @@ from launcher.adapters.apply import apply_adapter, frozen_names
 from launcher.config.model import UserModelConfig
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
-from launcher.integrity.digests import cached_digests
+from launcher.integrity.digests import weights_digest
 from launcher.models.build import build_model
 from launcher.models.init_from import load_initial_weights, weight_files
 from launcher.models.names import plain_name
@@ -76,7 +76,8 @@ def check_recorded_base(saved: dict[str, Any] | None, cfg: RootConfig, checkpoin
         f"the base {now['source']} has changed since checkpoint {checkpoint} was trained on it "
         f"(sha256 {str(saved.get('sha256'))[:12]} then, {str(now['sha256'])[:12]} now): the "
         "adapters mean nothing on other weights.",
-        f"put the very files the run trained on back at {now['source']}, or use a run "
+        f"put the weights the run trained on back at {now['source']} (a re-export of the same "
+        "checkpoint has the same weights), or use a run "
         "trained on the new base.",
     )
 
@@ -87,8 +88,8 @@ def _file_digest(path: str) -> str:
     if source.is_dir() and not files:
         files = sorted(source.glob("*.bin"))
     digest = hashlib.sha256()
-    for file, value in sorted(cached_digests(files or [source]).items()):
-        digest.update(f"{file.name}:{value}\n".encode())
+    for file in sorted(files or [source]):  # safetensors by their tensors: a re-export is equal
+        digest.update(f"{file.name}:{weights_digest(file)}\n".encode())
     return digest.hexdigest()
 
 

@@ -163,3 +163,26 @@ def test_an_unchanged_file_is_not_read_again(
     assert cached_digests([path])[path] == first
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))  # touched: read again
     assert cached_digests([path])[path] != first
+
+
+def test_a_weights_file_is_known_by_its_tensors_not_its_metadata(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34's review: re-exporting the same base wrote other safetensors metadata, and an
+    adapter run's base identity (a digest of the file's bytes) refused the resume."""
+    import torch
+    from safetensors.torch import save_file
+
+    from launcher.integrity.digests import file_digest, weights_digest
+
+    monkeypatch.setenv("LAUNCHER_CACHE_DIR", str(tmp_path / "cache"))
+    a, b = torch.arange(6.0).reshape(2, 3), torch.ones(4, dtype=torch.int64)
+    first, second, other = tmp_path / "1.safetensors", tmp_path / "2.safetensors", tmp_path / "3"
+    save_file({"a": a, "b": b}, str(first), metadata={"step": "20", "output": "x"})
+    save_file({"b": b, "a": a}, str(second), metadata={"output": "y", "step": "20"})
+    other.mkdir()
+    save_file({"a": a + 1, "b": b}, str(other / "w.safetensors"), metadata={"step": "20"})
+    assert file_digest(first) != file_digest(second)  # the bytes differ
+    assert weights_digest(first) == weights_digest(second)  # the weights do not
+    assert weights_digest(first) != weights_digest(other / "w.safetensors")
+    assert weights_digest(first) == weights_digest(first)  # cached, the same answer
