@@ -4,6 +4,7 @@ the checks of `data.sources` (each a name, a weight and its own data fields)."""
 from __future__ import annotations
 
 import glob
+import math
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +102,10 @@ def check_sources(kind: str, sources: list[Any], path: Any, holdout: int) -> Non
                 f"{key}.name", f"{name!r} names two sources.", "give each source its own name."
             )
         seen.add(name)
-        if not source.weight > 0:
+        if not (source.weight > 0 and math.isfinite(source.weight)):
             raise ConfigError(
                 f"{key}.weight",
-                f"source {name!r} needs a positive weight, got {source.weight}.",
+                f"source {name!r} needs a positive, finite weight, got {source.weight}.",
                 f"write each source as {example} (weights are normalised to sum to 1).",
             )
         if source.path is None:

@@ -99,3 +99,15 @@ def test_report_compares_realised_with_asked() -> None:
     assert report["code"]["weight"] == pytest.approx(0.3)
     assert report["code"]["fraction"] == pytest.approx(0.3)
     assert (report["code"]["tokens"], report["code"]["samples"]) == (30, 23)
+
+
+@pytest.mark.parametrize("weight", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_weight_that_is_not_positive_and_finite_is_refused_by_its_key(weight: float) -> None:
+    # inf passed `weight > 0` and became nan shares once normalised (inf / inf)
+    from launcher.config.data import DataConfig, DataKind, SourceConfig
+    from launcher.errors import ConfigError
+
+    sources = [SourceConfig(name="web", weight=weight, path="a.bin"), SourceConfig("b", 1, "b.bin")]
+    with pytest.raises(ConfigError) as info:
+        DataConfig(name=DataKind.tokens, sources=sources)
+    assert info.value.keys == ["data.sources[0].weight"]
