@@ -33,7 +33,7 @@ from launcher.data.prepare_cache import InProcess, build_cache
 from launcher.data.sequence import TokenDataset
 from launcher.data.tokenizer import load_tokenizer, require
 from launcher.errors import DataError, VocabTooSmall
-from launcher.host import local_cpu_count
+from launcher.host import cache_dir, local_cpu_count
 from launcher.logs import get_logger
 from launcher.tokenizing.worker import Job
 from launcher.userpath import open_own
@@ -48,7 +48,7 @@ SAVED_MARKS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
 def cache_root(cfg: DataConfig) -> Path:
-    default = os.environ.get("LAUNCHER_CACHE") or Path.home() / ".cache" / "launcher" / "data"
+    default = os.environ.get("LAUNCHER_CACHE") or cache_dir() / "data"  # beside token_scans.json
     return Path(cfg.cache_dir or default).expanduser()
 
 

@@ -149,3 +149,20 @@ def test_missing_extra_names_the_install_command(
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(DataError, match=r"pip install 'launcher\[hf\]'"):
         build_datasets(hf_cfg(files, tmp_path, "pairs"), SEQ, 0)
+
+
+def test_the_tokenized_cache_follows_launcher_cache_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # $LAUNCHER_CACHE_DIR moves token_scans.json; the tokenized data went to ~/.cache regardless
+    from launcher.data.hf import cache_root
+
+    monkeypatch.delenv("LAUNCHER_CACHE", raising=False)
+    monkeypatch.setenv("LAUNCHER_CACHE_DIR", str(tmp_path))
+    assert (
+        cache_root(DataConfig(name=DataKind.hf, path="c.jsonl", tokenizer="t")) == tmp_path / "data"
+    )
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "own"))  # the older variable still wins
+    assert (
+        cache_root(DataConfig(name=DataKind.hf, path="c.jsonl", tokenizer="t")) == tmp_path / "own"
+    )
