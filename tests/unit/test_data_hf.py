@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import shutil
 import sys
 from pathlib import Path
 
@@ -166,3 +167,26 @@ def test_the_tokenized_cache_follows_launcher_cache_dir(
     assert (
         cache_root(DataConfig(name=DataKind.hf, path="c.jsonl", tokenizer="t")) == tmp_path / "own"
     )
+
+
+def test_a_link_or_a_stranger_where_the_cache_goes_is_refused(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    # a link there: tokenized, the rename failed, then a traceback reading meta.json through it
+    from launcher.errors import ConfigError
+
+    cfg = hf_cfg(files, tmp_path, tokenize_workers=1)
+    final, _ = prepare("data.path", str(files["texts"]), cfg)
+    shutil.rmtree(final)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep").write_text("keep")
+    final.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="symbolic link") as info:
+        prepare("data.path", str(files["texts"]), cfg)
+    assert info.value.keys == ["data.cache_dir"] and f"rm {final}" in str(info.value)
+    final.unlink()
+    final.mkdir()  # a directory without meta.json
+    with pytest.raises(ConfigError, match="no meta.json") as info:
+        prepare("data.path", str(files["texts"]), cfg)
+    assert f"mv {final} {final}.old" in str(info.value)
+    assert [p.name for p in (tmp_path / "elsewhere").iterdir()] == ["keep"]
