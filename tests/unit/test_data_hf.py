@@ -186,7 +186,7 @@ def test_a_link_or_a_stranger_where_the_cache_goes_is_refused(
     assert info.value.keys == ["data.cache_dir"] and f"rm {final}" in str(info.value)
     final.unlink()
     final.mkdir()  # a directory without meta.json
-    with pytest.raises(ConfigError, match="no meta.json") as info:
+    with pytest.raises(ConfigError, match=r"no meta\.json") as info:
         prepare("data.path", str(files["texts"]), cfg)
     assert f"mv {final} {final}.old" in str(info.value)
     assert [p.name for p in (tmp_path / "elsewhere").iterdir()] == ["keep"]
