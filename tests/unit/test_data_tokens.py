@@ -63,7 +63,7 @@ def test_bad_token_files_name_the_key_file_and_fix(tmp_path: Path) -> None:
     assert "uint32" not in str(info.value)  # 101 bytes are no uint32 file either
     six = tmp_path / "six.bin"
     six.write_bytes(b"\x00" * 6)  # three uint16 tokens, read as uint32
-    with pytest.raises(DataError, match="data.dtype=uint16"):
+    with pytest.raises(DataError, match=r"data\.dtype=uint16"):
         build_datasets(tokens_cfg(six, dtype="uint32"), SEQ, 0, 256)
     big = tmp_path / "big.bin"
     ids = np.zeros(100, dtype=np.uint16)
