@@ -113,3 +113,10 @@ def check_sources(kind: str, sources: list[Any], path: Any, holdout: int) -> Non
                 f"{key}.path", f"source {name!r} needs its files.", f"write it as {example}."
             )
         path_list(f"{key}.path", source.path)
+        if kind != "tokens" and names_many(source.path):
+            raise ConfigError(
+                f"{key}.path",
+                f"a data={kind} source reads one file (or dataset directory), got {source.path!r}.",
+                "give each file its own source: "
+                "[{name:a1,path:a1.jsonl,weight:0.25},{name:a2,path:a2.jsonl,weight:0.25},...].",
+            )

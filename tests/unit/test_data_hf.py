@@ -190,3 +190,17 @@ def test_a_link_or_a_stranger_where_the_cache_goes_is_refused(
         prepare("data.path", str(files["texts"]), cfg)
     assert f"mv {final} {final}.old" in str(info.value)
     assert [p.name for p in (tmp_path / "elsewhere").iterdir()] == ["keep"]
+
+
+def test_a_source_field_that_is_not_there_names_the_source(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    from launcher.config.data import SourceConfig
+
+    sources = [
+        SourceConfig("a", 1, str(files["texts"])),
+        SourceConfig("b", 1, str(files["texts"]), text_field="nope"),
+    ]
+    cfg = hf_cfg(files, tmp_path, path=None, sources=sources, tokenize_workers=1)
+    with pytest.raises(DataError, match=r"^data\.sources\[1\]\.text_field: no field 'nope'"):
+        build_datasets(cfg, SEQ, 0, 256)

@@ -111,3 +111,14 @@ def test_a_weight_that_is_not_positive_and_finite_is_refused_by_its_key(weight: 
     with pytest.raises(ConfigError) as info:
         DataConfig(name=DataKind.tokens, sources=sources)
     assert info.value.keys == ["data.sources[0].weight"]
+
+
+def test_an_hf_source_of_many_files_is_refused_by_its_own_key() -> None:
+    # was: "data.path: ... Fix: mix several with data.sources" (the mixture it already was)
+    from launcher.config.data import DataConfig, DataKind, SourceConfig
+    from launcher.errors import ConfigError
+
+    sources = [SourceConfig("a", 1, "a.jsonl"), SourceConfig("b", 1, "b/*.jsonl")]
+    with pytest.raises(ConfigError) as info:
+        DataConfig(name=DataKind.hf, tokenizer="t", sources=sources)
+    assert info.value.keys == ["data.sources[1].path"]
