@@ -77,7 +77,8 @@ def _mixture(cfg: DataConfig, seq_len: int, vocab: int | None) -> MixtureDataset
         except DataError as exc:  # a field the source set itself is named by its own key
             if not (source.text_field and str(exc).startswith("data.text_field:")):
                 raise
-            raise DataError(str(exc).replace("data.text_field", f"data.sources[{i}].text_field"))
+            own_key = f"data.sources[{i}].text_field"
+            raise DataError(str(exc).replace("data.text_field", own_key)) from None
     return MixtureDataset([s.name for s in cfg.sources], [s.weight for s in cfg.sources], datasets)
 
 
