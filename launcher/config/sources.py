@@ -113,6 +113,14 @@ def check_sources(kind: str, sources: list[Any], path: Any, holdout: int) -> Non
                 f"{key}.path", f"source {name!r} needs its files.", f"write it as {example}."
             )
         path_list(f"{key}.path", source.path)
+        unread = "dtype" if kind != "tokens" and source.dtype else None
+        unread = "text_field" if kind == "tokens" and source.text_field else unread
+        if unread:  # a field the kind does not read would be ignored without a word
+            raise ConfigError(
+                f"{key}.{unread}",
+                f"a data={kind} source has no {unread} (dtype: tokens; text_field: hf).",
+                f"drop {unread}:... from source {name!r}.",
+            )
         if kind != "tokens" and names_many(source.path):
             raise ConfigError(
                 f"{key}.path",

@@ -122,3 +122,19 @@ def test_an_hf_source_of_many_files_is_refused_by_its_own_key() -> None:
     with pytest.raises(ConfigError) as info:
         DataConfig(name=DataKind.hf, tokenizer="t", sources=sources)
     assert info.value.keys == ["data.sources[1].path"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "value"), [("hf", "dtype", "uint32"), ("tokens", "text_field", "body")]
+)
+def test_a_source_field_its_kind_does_not_read_is_refused(
+    kind: str, field: str, value: str
+) -> None:
+    # was: accepted and silently ignored
+    from launcher.config.data import DataConfig, DataKind, SourceConfig
+    from launcher.errors import ConfigError
+
+    sources = [SourceConfig("a", 1, "a.bin"), SourceConfig("b", 1, "b.bin", **{field: value})]
+    with pytest.raises(ConfigError) as info:
+        DataConfig(name=DataKind(kind), tokenizer="t", sources=sources)
+    assert info.value.keys == [f"data.sources[1].{field}"]
