@@ -126,7 +126,8 @@ class DataConfig:
     """hf: the end-of-sequence token; default the tokenizer's own (or </s>, <|endoftext|>,
     <eos>)."""
     cache_dir: str | None = None
-    """hf: where tokenized data is cached (default $LAUNCHER_CACHE or ~/.cache/launcher/data)."""
+    """hf: where tokenized data is cached (default $LAUNCHER_CACHE, else $LAUNCHER_CACHE_DIR/data,
+    else ~/.cache/launcher/data)."""
     tokenize_workers: int | None = None
     """hf: processes that tokenize into the cache (null: the available cores; 1: this process
     alone). The cache is the same whatever the number."""

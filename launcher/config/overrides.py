@@ -133,6 +133,22 @@ def _has_interpolation(value: Any) -> bool:
     return "${" in str(value)
 
 
+def _check_item(name: str, element: Any, item: Any) -> None:
+    """One `{...}` of a list of sections (data.sources[1]): a mapping of known keys, each of its
+    type; the error names the item's key (data.sources[1].weight), not the whole list."""
+    fields = schema_keys(element)
+    shape = "{" + ",".join(f"{f}:..." for f in fields) + "}"
+    if not isinstance(item, dict):
+        raise ConfigError(name, f"{item!r} is not a mapping.", f"write it as {shape}.")
+    for field, value in item.items():
+        known = fields.get(str(field))
+        if known is None:
+            raise ConfigError(
+                f"{name}.{field}", "no such key.", f"give only {', '.join(fields)} in {shape}."
+            )
+        check_value(Key(f"{name}.{field}", known.type, known.optional, None, ""), value)
+
+
 def check_value(key: Key, value: Any) -> None:
     """Raise ConfigError when OmegaConf would refuse `value` for `key` (its type, or its enum)."""
     if _has_interpolation(value):
@@ -152,7 +168,8 @@ def check_value(key: Key, value: Any) -> None:
         elif getattr(tp, "__origin__", None) is list:
             (element,) = getattr(tp, "__args__", (Any,))
             if is_dataclass(element) and isinstance(value, list):  # data.sources=[{...},...]
-                for item in value:
+                for i, item in enumerate(value):
+                    _check_item(f"{key.name}[{i}]", element, item)
                     OmegaConf.merge(OmegaConf.structured(element), item)
             else:
                 ListConfig(value, element_type=element, is_optional=key.optional)

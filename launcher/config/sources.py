@@ -4,6 +4,7 @@ the checks of `data.sources` (each a name, a weight and its own data fields)."""
 from __future__ import annotations
 
 import glob
+import math
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +102,10 @@ def check_sources(kind: str, sources: list[Any], path: Any, holdout: int) -> Non
                 f"{key}.name", f"{name!r} names two sources.", "give each source its own name."
             )
         seen.add(name)
-        if not source.weight > 0:
+        if not (source.weight > 0 and math.isfinite(source.weight)):
             raise ConfigError(
                 f"{key}.weight",
-                f"source {name!r} needs a positive weight, got {source.weight}.",
+                f"source {name!r} needs a positive, finite weight, got {source.weight}.",
                 f"write each source as {example} (weights are normalised to sum to 1).",
             )
         if source.path is None:
@@ -112,3 +113,18 @@ def check_sources(kind: str, sources: list[Any], path: Any, holdout: int) -> Non
                 f"{key}.path", f"source {name!r} needs its files.", f"write it as {example}."
             )
         path_list(f"{key}.path", source.path)
+        unread = "dtype" if kind != "tokens" and source.dtype else None
+        unread = "text_field" if kind == "tokens" and source.text_field else unread
+        if unread:  # a field the kind does not read would be ignored without a word
+            raise ConfigError(
+                f"{key}.{unread}",
+                f"a data={kind} source has no {unread} (dtype: tokens; text_field: hf).",
+                f"drop {unread}:... from source {name!r}.",
+            )
+        if kind != "tokens" and names_many(source.path):
+            raise ConfigError(
+                f"{key}.path",
+                f"a data={kind} source reads one file (or dataset directory), got {source.path!r}.",
+                "give each file its own source: "
+                "[{name:a1,path:a1.jsonl,weight:0.25},{name:a2,path:a2.jsonl,weight:0.25},...].",
+            )

@@ -21,6 +21,7 @@ from launcher.data.reverse import ReverseDataset
 from launcher.data.sequence import TokenDataset
 from launcher.data.shards import token_corpus
 from launcher.data.vocab import follow_tokenizer
+from launcher.errors import DataError
 
 
 @dataclass
@@ -69,7 +70,15 @@ def _mixture(cfg: DataConfig, seq_len: int, vocab: int | None) -> MixtureDataset
             dtype=source.dtype or cfg.dtype,
             text_field=source.text_field or cfg.text_field,
         )
-        datasets.append(_file_source(f"data.sources[{i}].path", source.path, own, seq_len, vocab))
+        try:
+            datasets.append(
+                _file_source(f"data.sources[{i}].path", source.path, own, seq_len, vocab)
+            )
+        except DataError as exc:  # a field the source set itself is named by its own key
+            if not (source.text_field and str(exc).startswith("data.text_field:")):
+                raise
+            own_key = f"data.sources[{i}].text_field"
+            raise DataError(str(exc).replace("data.text_field", own_key)) from None
     return MixtureDataset([s.name for s in cfg.sources], [s.weight for s in cfg.sources], datasets)
 
 

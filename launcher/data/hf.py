@@ -32,11 +32,12 @@ from launcher.data.packed import open_layout
 from launcher.data.prepare_cache import InProcess, build_cache
 from launcher.data.sequence import TokenDataset
 from launcher.data.tokenizer import load_tokenizer, require
-from launcher.errors import DataError, VocabTooSmall
-from launcher.host import local_cpu_count
+from launcher.errors import ConfigError, DataError, VocabTooSmall
+from launcher.host import cache_dir, local_cpu_count
 from launcher.logs import get_logger
 from launcher.tokenizing.worker import Job
-from launcher.userpath import open_own
+from launcher.userpath import open_own, refuse_link
+from launcher.userpath.check import quoted
 
 log = get_logger("data")
 
@@ -48,7 +49,7 @@ SAVED_MARKS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
 def cache_root(cfg: DataConfig) -> Path:
-    default = os.environ.get("LAUNCHER_CACHE") or Path.home() / ".cache" / "launcher" / "data"
+    default = os.environ.get("LAUNCHER_CACHE") or cache_dir() / "data"  # beside token_scans.json
     return Path(cfg.cache_dir or default).expanduser()
 
 
@@ -114,6 +115,19 @@ def load_records(key: str, path: Path, cfg: DataConfig, hf_cache: Path) -> Any:
     return ds
 
 
+def _refuse_foreign(final: Path) -> None:
+    """The cache directory is the launcher's own, renamed into place whole: a link there, or
+    something without meta.json, was put there by someone else and is never read or replaced."""
+    refuse_link(final, "data.cache_dir")
+    if final.exists() and not (final / "meta.json").is_file():
+        raise ConfigError(
+            "data.cache_dir",
+            f"{final} is there but is not a tokenized cache the launcher finished (no meta.json).",
+            f"move it away (the launcher tokenizes again): mv {quoted(final)} "
+            f"{quoted(f'{final}.old')}",
+        )
+
+
 def prepare(key: str, path_text: str, cfg: DataConfig) -> tuple[Path, bool]:
     """The tokenized cache directory of one data file, built if missing; (dir, built here)."""
     path = Path(path_text).expanduser().resolve()
@@ -132,6 +146,7 @@ def prepare(key: str, path_text: str, cfg: DataConfig) -> tuple[Path, bool]:
     final = root / f"{path.stem}-{digest}"
     with open(open_own(root / f"{final.name}.lock", "data.cache_dir"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the first process builds; the others wait here
+        _refuse_foreign(final)
         if (final / "meta.json").is_file():
             return final, False
         ds = load_records(key, path, cfg, root / "hf")

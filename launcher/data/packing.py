@@ -12,6 +12,7 @@ the algorithm in the checkpoint's fingerprint, so a changed algorithm is never r
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -60,9 +61,12 @@ def packed_layout(
     """The layout of a cache's records at seq_len, computed once and kept beside the cache
     (written whole under a temporary name, then renamed: a reader never sees half of it)."""
     path = directory / f"packed-{seq_len}.npz"
-    if path.is_file():
-        with np.load(path) as saved:
-            return saved["order"], saved["starts"]
+    if path.is_file() and not path.is_symlink():  # a link is not ours: computed, renamed over
+        try:
+            with np.load(path) as saved:
+                return saved["order"], saved["starts"]
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+            pass  # unreadable (damaged): computed again and replaced below
     order, starts = place(record_positions(offsets, seq_len), seq_len)
     tmp = directory / f".packed-{seq_len}.tmp-{os.getpid()}.npz"
     np.savez(tmp, order=order, starts=starts)

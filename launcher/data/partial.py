@@ -66,6 +66,8 @@ def left_by_a_dead_process(directory: Path) -> bool:
     marker = directory / OWNER_FILE
     if directory.is_symlink() or not directory.is_dir() or marker.is_symlink():
         return False
+    if any(p.is_symlink() for p in directory.iterdir()):
+        return False  # we write none: adopting it would truncate and append through the link
     try:
         owner = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):

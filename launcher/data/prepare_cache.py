@@ -28,6 +28,7 @@ from launcher.data.partial import OWNER_FILE, leftovers, make_partial, mark, par
 from launcher.errors import LauncherError
 from launcher.logs import get_logger
 from launcher.tokenizing.worker import Job, Part, encode_range, setup
+from launcher.userpath import open_own
 
 log = get_logger("data")
 
@@ -62,6 +63,11 @@ class InProcess:
         return Part(ids, lengths, mask, int(ids.max()) if len(ids) else -1)
 
 
+def _append(path: Path) -> Any:
+    """The cache file `path` opened to append, never through a link (one data.cache_dir error)."""
+    return os.fdopen(open_own(path, "data.cache_dir", os.O_WRONLY | os.O_APPEND), "ab")
+
+
 class Writer:
     """Appends parts to tokens.bin (uint32), mask.bin (uint8, fine-tuning) and ends.bin (each
     record's end, int64) in `directory`, resuming from its progress record if it has one."""
@@ -72,7 +78,7 @@ class Writer:
         sizes = {"tokens.bin": 4 * self.tokens, ENDS_FILE: 8 * self.records}
         if tuning:
             sizes["mask.bin"] = self.tokens
-        self.files = {name: open(directory / name, "ab") for name in sizes}  # noqa: SIM115
+        self.files = {name: _append(directory / name) for name in sizes}
         for name, size in sizes.items():
             self.files[name].truncate(size)  # what was written after the last progress record
         self.saved = time.monotonic()

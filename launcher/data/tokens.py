@@ -36,10 +36,12 @@ def open_tokens(key: str, path: Path, dtype: str) -> np.memmap:
     size, itemsize = path.stat().st_size, np.dtype(dtype).itemsize
     if size % itemsize:
         other = "uint32" if dtype == "uint16" else "uint16"
+        fix = "rewrite the file as a flat array of one dtype."
+        if size % np.dtype(other).itemsize == 0:  # an odd size fits no dtype: no dtype to offer
+            fix = f"set data.dtype={other} if it was written that way, or {fix}"
         raise DataError(
             f"{key}: {path} is {size:,} bytes, not a multiple of {itemsize} ({dtype} tokens): "
-            f"it is not a {dtype} token file. Fix: set data.dtype={other} if it was written "
-            "that way, or rewrite the file as a flat array of one dtype."
+            f"it is not a {dtype} token file (cut short, or of another format). Fix: {fix}"
         )
     if size < 2 * itemsize:
         raise DataError(f"{key}: {path} holds fewer than 2 tokens. Fix: use a longer file.")

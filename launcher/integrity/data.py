@@ -61,10 +61,16 @@ def source_files(cfg: DataConfig) -> dict[str, Path]:
 def data_identity(cfg: DataConfig) -> dict[str, dict[str, Any]]:
     files = source_files(cfg)
     digests = cached_digests(list(files.values()))
-    return {
-        name: {"path": str(file), "size": file.stat().st_size, "sha256": digests[file]}
-        for name, file in files.items()
-    }
+    identity: dict[str, dict[str, Any]] = {}
+    counts: dict[str, int] = {}
+    for name, file in files.items():
+        entry: dict[str, Any] = {"path": str(file), "size": file.stat().st_size}
+        entry["sha256"] = digests[file]
+        if "/" in name:  # a shard's place in its list: the corpus is the shards in that order
+            key = name.split("/", 1)[0]
+            entry["position"] = counts[key] = counts.get(key, -1) + 1
+        identity[name] = entry
+    return identity
 
 
 def changes(recorded: dict[str, Any], current: dict[str, dict[str, Any]]) -> list[str]:
@@ -79,6 +85,11 @@ def changes(recorded: dict[str, Any], current: dict[str, dict[str, Any]]) -> lis
             found.append(f"{name} ({now['path']}) has {now['size']} bytes, was {was['size']}")
         elif now["sha256"] != was["sha256"]:
             found.append(f"{name} ({now['path']}) has the same size but other content")
+        elif was.get("position", now.get("position")) != now.get("position"):
+            found.append(
+                f"{name} ({now['path']}) is file {now['position'] + 1} of its list, was "
+                f"{was['position'] + 1} (the order of the samples follows the files' order)"
+            )
     for name in sorted(set(current) - set(recorded)):
         found.append(f"{name} ({current[name]['path']}) is new")
     return found

@@ -221,3 +221,23 @@ def test_a_checkpoint_from_before_document_masks_resumes_only_on_its_own_windows
     given = dict(item.split("=", 1) for item in fix.split())
     assert given == {f"data.{k}": str(v) for k, v in resumes_with.items()}
     check_compatible(meta, to_root_config({"data": {**base, **resumes_with}}), tmp_path)
+
+
+def test_a_damaged_or_linked_packed_layout_is_computed_again(tmp_path: Path) -> None:
+    # was: a traceback from np.load on every launch until the file was found and removed
+    import numpy as np
+
+    from launcher.data.packing import packed_layout
+
+    offsets = np.array([0, 5, 9, 30, 33, 40], dtype=np.int64)
+    order, starts = packed_layout(tmp_path, offsets, 16)
+    (tmp_path / "packed-16.npz").write_bytes(b"garbage")
+    again = packed_layout(tmp_path, offsets, 16)
+    assert np.array_equal(again[0], order) and np.array_equal(again[1], starts)
+    victim = tmp_path / "victim.npz"
+    np.savez(victim, order=np.array([9]), starts=np.array([0, 1]))
+    (tmp_path / "packed-16.npz").unlink()
+    (tmp_path / "packed-16.npz").symlink_to(victim)
+    again = packed_layout(tmp_path, offsets, 16)
+    assert np.array_equal(again[0], order) and not (tmp_path / "packed-16.npz").is_symlink()
+    assert np.load(victim)["order"].tolist() == [9]  # replaced the link, not written through

@@ -153,6 +153,14 @@ def test_every_key_is_documented() -> None:
         ("batch.grad_accum=1,2,x", "batch.grad_accum", ["'x'"]),  # a sweep: every value
         ("hydra.run.dir=", "hydra.run.dir", ["empty"]),
         ("hydra.sweep.dir=''", "hydra.sweep.dir", ["empty"]),
+        # an item of data.sources: its own key, not "is not a list"
+        ("data.sources=[{name:a,path:a.bin,weight:x}]", "data.sources[0].weight", ["not a number"]),
+        (
+            "data.sources=[{name:a,path:a.bin,weight:1,bogus:2}]",
+            "data.sources[0].bogus",
+            ["no such"],
+        ),
+        ("data.sources=[{name:a,weight:1},web]", "data.sources[1]", ["'web' is not a mapping"]),
     ],
 )
 def test_bad_overrides_name_the_key_and_the_fix(override: str, key: str, words: list[str]) -> None:

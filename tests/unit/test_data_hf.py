@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import shutil
 import sys
 from pathlib import Path
 
@@ -149,3 +150,57 @@ def test_missing_extra_names_the_install_command(
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(DataError, match=r"pip install 'launcher\[hf\]'"):
         build_datasets(hf_cfg(files, tmp_path, "pairs"), SEQ, 0)
+
+
+def test_the_tokenized_cache_follows_launcher_cache_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # $LAUNCHER_CACHE_DIR moves token_scans.json; the tokenized data went to ~/.cache regardless
+    from launcher.data.hf import cache_root
+
+    monkeypatch.delenv("LAUNCHER_CACHE", raising=False)
+    monkeypatch.setenv("LAUNCHER_CACHE_DIR", str(tmp_path))
+    assert (
+        cache_root(DataConfig(name=DataKind.hf, path="c.jsonl", tokenizer="t")) == tmp_path / "data"
+    )
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "own"))  # the older variable still wins
+    assert (
+        cache_root(DataConfig(name=DataKind.hf, path="c.jsonl", tokenizer="t")) == tmp_path / "own"
+    )
+
+
+def test_a_link_or_a_stranger_where_the_cache_goes_is_refused(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    # a link there: tokenized, the rename failed, then a traceback reading meta.json through it
+    from launcher.errors import ConfigError
+
+    cfg = hf_cfg(files, tmp_path, tokenize_workers=1)
+    final, _ = prepare("data.path", str(files["texts"]), cfg)
+    shutil.rmtree(final)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep").write_text("keep")
+    final.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="symbolic link") as info:
+        prepare("data.path", str(files["texts"]), cfg)
+    assert info.value.keys == ["data.cache_dir"] and f"rm {final}" in str(info.value)
+    final.unlink()
+    final.mkdir()  # a directory without meta.json
+    with pytest.raises(ConfigError, match=r"no meta\.json") as info:
+        prepare("data.path", str(files["texts"]), cfg)
+    assert f"mv {final} {final}.old" in str(info.value)
+    assert [p.name for p in (tmp_path / "elsewhere").iterdir()] == ["keep"]
+
+
+def test_a_source_field_that_is_not_there_names_the_source(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    from launcher.config.data import SourceConfig
+
+    sources = [
+        SourceConfig("a", 1, str(files["texts"])),
+        SourceConfig("b", 1, str(files["texts"]), text_field="nope"),
+    ]
+    cfg = hf_cfg(files, tmp_path, path=None, sources=sources, tokenize_workers=1)
+    with pytest.raises(DataError, match=r"^data\.sources\[1\]\.text_field: no field 'nope'"):
+        build_datasets(cfg, SEQ, 0, 256)

@@ -60,6 +60,11 @@ def test_bad_token_files_name_the_key_file_and_fix(tmp_path: Path) -> None:
         build_datasets(tokens_cfg(odd), SEQ, 0, 256)
     assert "data.path" in str(info.value) and str(odd) in str(info.value)
     assert "not a multiple of 2" in str(info.value) and "Fix:" in str(info.value)
+    assert "uint32" not in str(info.value)  # 101 bytes are no uint32 file either
+    six = tmp_path / "six.bin"
+    six.write_bytes(b"\x00" * 6)  # three uint16 tokens, read as uint32
+    with pytest.raises(DataError, match=r"data\.dtype=uint16"):
+        build_datasets(tokens_cfg(six, dtype="uint32"), SEQ, 0, 256)
     big = tmp_path / "big.bin"
     ids = np.zeros(100, dtype=np.uint16)
     ids[77] = 300

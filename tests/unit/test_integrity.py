@@ -186,3 +186,19 @@ def test_a_weights_file_is_known_by_its_tensors_not_its_metadata(
     assert weights_digest(first) == weights_digest(second)  # the weights do not
     assert weights_digest(first) != weights_digest(other / "w.safetensors")
     assert weights_digest(first) == weights_digest(first)  # cached, the same answer
+
+
+def test_shards_given_in_another_order_are_a_change(tmp_path: Path) -> None:
+    # was: the same files in another order resumed, on other samples in the same steps
+    from launcher.config.data import DataConfig, DataKind
+    from launcher.integrity.data import changes, data_identity
+
+    for name in ("a.bin", "b.bin"):
+        (tmp_path / name).write_bytes(name.encode() * 64)
+    a, b = str(tmp_path / "a.bin"), str(tmp_path / "b.bin")
+    was = data_identity(DataConfig(name=DataKind.tokens, path=str(tmp_path / "*.bin")))
+    assert changes(was, data_identity(DataConfig(name=DataKind.tokens, path=[a, b]))) == []
+    swapped = changes(was, data_identity(DataConfig(name=DataKind.tokens, path=[b, a])))
+    assert len(swapped) == 2 and "is file 2 of its list, was 1" in swapped[0]
+    old = {name: {k: v for k, v in e.items() if k != "position"} for name, e in was.items()}
+    assert changes(old, data_identity(DataConfig(name=DataKind.tokens, path=[b, a]))) == []

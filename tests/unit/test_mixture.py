@@ -99,3 +99,42 @@ def test_report_compares_realised_with_asked() -> None:
     assert report["code"]["weight"] == pytest.approx(0.3)
     assert report["code"]["fraction"] == pytest.approx(0.3)
     assert (report["code"]["tokens"], report["code"]["samples"]) == (30, 23)
+
+
+@pytest.mark.parametrize("weight", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_weight_that_is_not_positive_and_finite_is_refused_by_its_key(weight: float) -> None:
+    # inf passed `weight > 0` and became nan shares once normalised (inf / inf)
+    from launcher.config.data import DataConfig, DataKind, SourceConfig
+    from launcher.errors import ConfigError
+
+    sources = [SourceConfig(name="web", weight=weight, path="a.bin"), SourceConfig("b", 1, "b.bin")]
+    with pytest.raises(ConfigError) as info:
+        DataConfig(name=DataKind.tokens, sources=sources)
+    assert info.value.keys == ["data.sources[0].weight"]
+
+
+def test_an_hf_source_of_many_files_is_refused_by_its_own_key() -> None:
+    # was: "data.path: ... Fix: mix several with data.sources" (the mixture it already was)
+    from launcher.config.data import DataConfig, DataKind, SourceConfig
+    from launcher.errors import ConfigError
+
+    sources = [SourceConfig("a", 1, "a.jsonl"), SourceConfig("b", 1, "b/*.jsonl")]
+    with pytest.raises(ConfigError) as info:
+        DataConfig(name=DataKind.hf, tokenizer="t", sources=sources)
+    assert info.value.keys == ["data.sources[1].path"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "value"), [("hf", "dtype", "uint32"), ("tokens", "text_field", "body")]
+)
+def test_a_source_field_its_kind_does_not_read_is_refused(
+    kind: str, field: str, value: str
+) -> None:
+    # was: accepted and silently ignored
+    from launcher.config.data import DataConfig, DataKind, SourceConfig
+    from launcher.errors import ConfigError
+
+    sources = [SourceConfig("a", 1, "a.bin"), SourceConfig("b", 1, "b.bin", **{field: value})]
+    with pytest.raises(ConfigError) as info:
+        DataConfig(name=DataKind(kind), tokenizer="t", sources=sources)
+    assert info.value.keys == [f"data.sources[1].{field}"]

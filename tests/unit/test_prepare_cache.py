@@ -219,3 +219,31 @@ def test_bad_records_and_bad_settings(files: dict[str, Path], tmp_path: Path) ->
     assert [p for p in cache.iterdir() if ".tmp-" in p.name] == []
     with pytest.raises(ConfigError, match=r"data.tokenize_workers: must be 1 or more, got 0"):
         cfg_for(files, cache, tokenize_workers=0)
+
+
+def test_a_link_planted_in_a_dead_partial_is_never_written_through(
+    files: dict[str, Path], tmp_path: Path, said: list[str]
+) -> None:
+    # was: adopted, tokens.bin truncated to the progress record through the link and appended
+    # to (a root launch writing into any file), and the finished cache held the link
+    cache = tmp_path / "cache"
+    cfg = cfg_for(files, cache, tokenize_workers=1)
+    final = prepare("data.path", str(files["texts"]), cfg)[0]
+    import shutil
+
+    shutil.rmtree(final)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious data that must survive\n")
+    planted = cache / f"{final.name}.tmp-99999999-aa"  # past pid_max: a dead process
+    planted.mkdir()
+    (planted / OWNER_FILE).write_text(json.dumps({**this_process(), "pid": 99999999}))
+    (planted / "progress.json").write_text(json.dumps({"records": 1, "tokens": 2, "top": 1}))
+    (planted / "ends.bin").write_bytes((2).to_bytes(8, "little"))
+    (planted / "tokens.bin").symlink_to(victim)
+    again, built = prepare("data.path", str(files["texts"]), cfg)
+    assert built and again == final and not (final / "tokens.bin").is_symlink()
+    assert victim.read_text() == "precious data that must survive\n"
+    assert any(str(planted) in line and "rm -r" in line for line in said)
+    with pytest.raises(ConfigError, match="symbolic link"):  # the writer itself never follows
+        prepare_cache.Writer(planted, tuning=False)
+    assert victim.read_text() == "precious data that must survive\n"
