@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from launcher.config.checks import require_positive
+from launcher.config.records import CONCAT, Packing, TrainOn, packing_value
 from launcher.config.sources import check_sources, names_many, path_list
 from launcher.errors import ConfigError
 
@@ -50,18 +51,6 @@ class SourceConfig:
     text_field: str | None = None
     """hf: this source's document field (default data.text_field)."""
 
-
-class TrainOn(str, Enum):
-    assistant = "assistant"
-    all = "all"
-
-
-CONCAT = "concat"
-"""data.packing=concat: records concatenated and cut into windows."""
-if TYPE_CHECKING:
-    Packing = bool | str
-else:  # OmegaConf 2.3 has no unions: an open node, checked in DataConfig.__post_init__
-    Packing = Any
 
 NEEDS_PATH = {
     DataKind.text: "a UTF-8 text file",
@@ -152,7 +141,7 @@ class DataConfig:
         # Built in code (tests, a user's script) the enums may come as their strings.
         self.name, self.order = DataKind(self.name), DataOrder(self.order)
         self.dtype, self.train_on = TokenDtype(self.dtype), TrainOn(self.train_on)
-        self.packing = _packing(self.packing)
+        self.packing = packing_value(self.packing)
         require_positive("data.min_len", self.min_len)
         require_positive("data.max_len", self.max_len)
         require_positive("data.eval_problems", self.eval_problems, allow_none=True)
@@ -295,18 +284,3 @@ class DataConfig:
         if self.eval_problems is not None:
             return self.eval_problems
         return HELD_OUT_PROBLEMS if cached else UNCACHED_EVAL_PROBLEMS
-
-
-def _packing(value: Any) -> bool | str:
-    """data.packing as False, True or "concat" (the command line may give a string)."""
-    text = str(value).strip().lower()
-    if isinstance(value, bool) or text in ("true", "false"):
-        return text == "true"
-    if text == CONCAT:
-        return CONCAT
-    raise ConfigError(
-        "data.packing",
-        f"unknown value {value!r}.",
-        "use data.packing=false (one record per sequence), true (whole records packed, each "
-        "with its own attention) or concat (concatenated and cut).",
-    )
