@@ -4,7 +4,11 @@ template is Mistral's/Llama-2's rule (roles alternate user/assistant, else raise
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,3 +67,29 @@ def tiny_state(
     return ServeState(
         EngineThread(engine), codec, config, PROMPT_LIMIT, "test", vocab=vocab_of(model)
     )
+
+
+@contextmanager
+def real_server(state: ServeState) -> Iterator[tuple[Any, threading.Thread, int]]:
+    """The app of `state` under the real uvicorn server (launch serve's DrainingServer with its
+    timeouts) on a free port of 127.0.0.1, in a thread: (server, its thread, the port) once it
+    has started; stopped, and the engine with it, afterwards."""
+    from launcher.serve.lifecycle import DrainingServer, bind
+    from launcher.serve.server import create_app
+    from launcher.serve.timeouts import uvicorn_config
+
+    server = DrainingServer(uvicorn_config(create_app(state), state.serve), state)
+    sock = bind("127.0.0.1", 0)
+    state.worker.start()
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive()
+            thread.join(0.02)
+        yield server, thread, sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        state.worker.stop(timeout=30)
+        sock.close()

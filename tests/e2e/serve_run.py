@@ -5,12 +5,17 @@ session (in the session's base temp directory), whichever module asks first."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.data_sources import train_tokenizer, write_pairs
-from tests.helpers import run_launch
+from tests.harness import free_port
+from tests.helpers import LAUNCH, REPO, run_launch
 from tests.once import built_once
 
 CHAT_TEMPLATE = (
@@ -55,3 +60,23 @@ def shared_run(factory: pytest.TempPathFactory) -> Path:
         run_launch([*TRAIN, *data], root / "run")
 
     return built_once(factory, "serve-hf-run", build, done="run/summary.json") / "run"
+
+
+def start_serve(run: Path, log: Path, *overrides: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """`launch serve RUN` on a free port of 127.0.0.1, its output in `log`, once /health answers
+    200 (two minutes at most): its base URL and its process (the caller stops it)."""
+    port = free_port()
+    args = [*LAUNCH, "serve", str(run), f"serve.port={port}", *overrides]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, cwd=REPO, env=dict(os.environ), stdout=out, stderr=out)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, log.read_text()
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return base, proc
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)

@@ -7,10 +7,7 @@ scores. No network: the task's data is a jsonl written here, the tokenizer is th
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +15,8 @@ from typing import Any
 import pytest
 
 from tests.data_sources import sentences
-from tests.e2e.serve_run import CHAT_TEMPLATE, shared_run
-from tests.harness import free_port
-from tests.helpers import LAUNCH, REPO, run_launch
+from tests.e2e.serve_run import CHAT_TEMPLATE, shared_run, start_serve
+from tests.helpers import run_launch
 
 pytest.importorskip("lm_eval")
 pytest.importorskip("fastapi")
@@ -85,22 +81,8 @@ def export(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
     log = tmp_path_factory.mktemp("lm-eval-serve") / "serve.log"
-    args = [*LAUNCH, "serve", str(run), f"serve.port={port}", "serve.slots=4"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, cwd=REPO, env=dict(os.environ), stdout=out, stderr=out)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
+    base, proc = start_serve(run, log, "serve.slots=4")
     yield base
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, log.read_text()

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,9 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.e2e.serve_run import shared_run
-from tests.harness import free_port
-from tests.helpers import LAUNCH, REPO
+from tests.e2e.serve_run import shared_run, start_serve
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -39,22 +35,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Path]]:
-    port = free_port()
     log = tmp_path_factory.mktemp("openai") / "serve.log"
-    args = [*LAUNCH, "serve", str(run), f"serve.port={port}", "serve.slots=1", "serve.queue=64"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, cwd=REPO, env=dict(os.environ), stdout=out, stderr=out)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
+    base, proc = start_serve(run, log, "serve.slots=1", "serve.queue=64")
     yield base, proc, log
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

@@ -6,7 +6,6 @@ and stops the server (launch serve then exits 1 for its supervisor)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +21,7 @@ from fastapi.testclient import TestClient
 from launcher.serve.adapters import GPTAdapter
 from launcher.serve.sampling import Sampling, choose
 from launcher.serve.server import ServeState, create_app
-from tests.serve_app import ALTERNATE, strict_chat, tiny_model, tiny_state
+from tests.serve_app import ALTERNATE, real_server, strict_chat, tiny_model, tiny_state
 
 TINY = (1e-38, 1e-300, 5e-324)
 HUGE = "1" + "0" * 399  # a 400-digit integer: math.isfinite raised OverflowError on it
@@ -182,21 +181,10 @@ def test_an_engine_that_cannot_go_on_says_so() -> None:
 def test_a_broken_engine_stops_the_server() -> None:
     """The real uvicorn server: the engine's failure ends server.run (launch serve then exits
     1, launcher/serve/command.py), with no signal."""
-    from launcher.serve.lifecycle import DrainingServer, bind
-    from launcher.serve.timeouts import uvicorn_config
-
     adapter = PoisonedGPT(slots=1)
     state = tiny_state(slots=1, queue=1, adapter=adapter)
-    server = DrainingServer(uvicorn_config(create_app(state), state.serve), state)
-    sock = bind("127.0.0.1", 0)
-    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    state.worker.start()
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            assert thread.is_alive()
-            thread.join(0.02)
+    with real_server(state) as (server, thread, port):
+        base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/health").status_code == 200
         adapter.broken = True
         reply = httpx.post(f"{base}/v1/completions", json={"prompt": "ab"}, timeout=60)
@@ -204,10 +192,6 @@ def test_a_broken_engine_stops_the_server() -> None:
         thread.join(60)
         assert not thread.is_alive() and server.should_exit and not server.draining
         assert type(state.worker.error).__name__ == "EngineBroken"
-    finally:
-        server.should_exit = True
-        state.worker.stop(timeout=30)
-        sock.close()
 
 
 def test_a_failed_prompt_of_generate_is_written_with_its_error(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ kept-alive connection idle between requests is not cut by the header deadline.""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +16,7 @@ pytest.importorskip("fastapi")
 
 from launcher.config.serve import ServeConfig
 from launcher.errors import ConfigError
-from launcher.serve.server import create_app
+from tests.serve_app import real_server as serving_for_real
 from tests.serve_app import tiny_state
 
 DEADLINE_S = 0.5
@@ -27,25 +26,9 @@ GIVE_UP_S = 30.0
 
 @contextmanager
 def real_server() -> Iterator[int]:
-    from launcher.serve.lifecycle import DrainingServer, bind
-    from launcher.serve.timeouts import uvicorn_config
-
     state = tiny_state(1, 1, header_timeout_seconds=DEADLINE_S, body_timeout_seconds=DEADLINE_S)
-    server = DrainingServer(uvicorn_config(create_app(state), state.serve), state)
-    sock = bind("127.0.0.1", 0)
-    state.worker.start()
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            assert thread.is_alive()
-            thread.join(0.02)
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(GIVE_UP_S)
-        state.worker.stop(timeout=GIVE_UP_S)
-        sock.close()
+    with serving_for_real(state) as (_server, _thread, port):
+        yield port
 
 
 def _connect(port: int) -> socket.socket:
