@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -125,7 +126,10 @@ def test_kill_9_resumes_bitwise(
         os.killpg(launch.proc.pid, signal.SIGKILL)  # launch, torchrun's agent and both ranks
         launch.wait()
     proc = run_launch(args, run_dir, env=ENV)
-    assert "resuming from" in proc.stdout and "after step 2" in proc.stdout
+    # Step 2's checkpoint was complete when step 3 was logged; on a busy machine the ranks may
+    # save step 4's before the signal lands (CI did), so either is a correct place to resume.
+    resumed = re.search(r"resuming from \S+ after step (\d+)", proc.stdout)
+    assert resumed and int(resumed[1]) in (2, 4), proc.stdout
     assert last_per_step(run_dir) == undisturbed  # bitwise
 
 
