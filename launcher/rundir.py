@@ -8,6 +8,8 @@
     verify.sbatch        `launch verify cluster=slurm`: the script that certifies the split
     verify.json          `launch verify`, verify.first: the certificate (launcher/verify/)
     slurm-<job>.out/.err cluster=slurm: the job's output
+    slurm_job.json       cluster=slurm: the job last submitted for this directory (its id, and
+                         whether `launch` waited for it)
     metrics.jsonl        one line per optimizer step (appended across resumes)
     summary.json         the run's end
     stopped.json         a graceful stop: the step and checkpoint to resume from
@@ -68,12 +70,17 @@ HANG_REPORT_FILE = "hang_report.txt"
 HEARTBEATS_DIR = "heartbeats"
 MULTIRUN_FILE = "multirun.yaml"
 SWEEP_CSV, SWEEP_MD, SWEEP_PNG = "sweep_summary.csv", "sweep_summary.md", "sweep_summary.png"
+SWEEP_SUMMARY_JOB = "sweep_summary"
+"""In a sweep directory: the SLURM job that writes the summary once the points' jobs end
+(sweep_summary.sbatch, its log sweep_summary-<job>.out)."""
+SLURM_JOB_FILE = "slurm_job.json"
 
 _RANK_ERROR_PREFIX = "error_rank"
 
 OWN_FILES = (
     *(CONFIG_FILE, PLAN_FILE, DS_CONFIG_FILE, SBATCH_FILE, VERIFY_SBATCH_FILE, CERTIFICATE_FILE),
     *(METRICS_FILE, SUMMARY_FILE, STOPPED_FILE, ERROR_FILE, RANK_FAILURES_FILE, LOCK_FILE),
+    SLURM_JOB_FILE,
     f"{WANDB_DIR}/{WANDB_RUN_ID_FILE}",
 )
 """The files the launcher writes into a run directory by these names (a link there is refused)."""
@@ -85,6 +92,34 @@ STARTED_MARKS = (METRICS_FILE, CHECKPOINTS_DIR)
 def slurm_logs(run_dir: Path, job_id: str = "%j") -> tuple[Path, Path]:
     """A SLURM job's stdout and stderr files (sbatch fills in %j)."""
     return run_dir / f"slurm-{job_id}.out", run_dir / f"slurm-{job_id}.err"
+
+
+def dependent_files(directory: Path, name: str, job_id: str = "%j") -> tuple[Path, Path]:
+    """A job run after others (launcher/runners/slurm_dependent.py): its script and its log (one
+    file for stdout and stderr; sbatch fills in %j)."""
+    return directory / f"{name}.sbatch", directory / f"{name}-{job_id}.out"
+
+
+def write_slurm_job(run_dir: Path, job_id: str, waited: bool) -> None:
+    """Record the job submitted for this run directory: a sweep's summary job runs after the
+    points' jobs that `launch` did not wait for."""
+    record = {"job_id": job_id, "waited": waited}
+    replace_own(run_dir / SLURM_JOB_FILE, json.dumps(record) + "\n")
+
+
+def read_slurm_job(run_dir: Path) -> dict[str, Any] | None:
+    """The record of write_slurm_job; None when there is none (or it cannot be read)."""
+    try:
+        info = json.loads((run_dir / SLURM_JOB_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not str(info.get("job_id", "")).isdigit():
+        return None
+    return info
+
+
+def clear_slurm_job(run_dir: Path) -> None:
+    (run_dir / SLURM_JOB_FILE).unlink(missing_ok=True)
 
 
 def rank_failures_file(run_dir: Path, node: str | None = None) -> Path:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.config.cluster import ClusterConfig
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError, EnvironmentProblem
 from launcher.exit_codes import STOPPED_RESUMABLE
@@ -30,6 +31,7 @@ from launcher.rundir import (
     STOPPED_FILE,
     VERIFY_SBATCH_FILE,
     slurm_logs,
+    write_slurm_job,
 )
 from launcher.runners.base import Runner
 from launcher.runners.slurm_verify import verify_step
@@ -52,16 +54,21 @@ _MEM_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "": 2**20}  # --me
 _UNSAFE_PATH = re.compile(r"[\s'\"\\#%\x00-\x1f\x7f]")
 
 
+def check_directive_path(directory: Path, key: str) -> None:
+    """A directory an #SBATCH line names (--output): sbatch cannot read some characters there."""
+    bad = _UNSAFE_PATH.search(str(directory))
+    if bad:
+        raise ConfigError(
+            key,
+            f"{str(directory)!r} has {bad.group()!r}, which an #SBATCH line cannot hold.",
+            "pick a directory without blanks, quotes, '#', '\\' or '%'.",
+        )
+
+
 def check_slurm(cfg: RootConfig, run_dir: Path) -> None:
     """Checks that need the whole config and the run directory; raise before anything is written."""
     cluster, per_node = cfg.cluster, cfg.parallel.ranks_per_node
-    bad = _UNSAFE_PATH.search(str(run_dir))
-    if bad:
-        raise ConfigError(
-            "hydra.run.dir",
-            f"{str(run_dir)!r} has {bad.group()!r}, which an #SBATCH line cannot hold.",
-            "pick a run directory without blanks, quotes, '#', '\\' or '%'.",
-        )
+    check_directive_path(run_dir, "hydra.run.dir")
     if cluster.gpus_per_node and per_node > cluster.gpus_per_node:
         raise ConfigError(
             ["parallel.dp", "parallel.nodes", "cluster.gpus_per_node"],
@@ -118,19 +125,18 @@ def _fill(template: str, values: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
 
-def _refuse_secrets(cfg: RootConfig, script: str) -> None:
-    """A credential (from the environment, or assigned in a setup line) must not reach the file."""
+def refuse_secrets(cluster: ClusterConfig, script: str, name: str = SBATCH_FILE) -> None:
+    """A credential (from the environment, or assigned in a setup line) must not reach the script
+    file `name`."""
     secrets = redactor_for(script)
     if secrets.text(script) == script:
         return
     keys = [
-        f"cluster.setup[{i}]"
-        for i, line in enumerate(cfg.cluster.setup)
-        if secrets.text(line) != line
+        f"cluster.setup[{i}]" for i, line in enumerate(cluster.setup) if secrets.text(line) != line
     ]
     raise ConfigError(
         keys or ["cluster"],
-        "would write a credential into train.sbatch.",
+        f"would write a credential into {name}.",
         "export it in the shell that runs `launch` instead: sbatch passes the environment to the "
         "job.",
     )
@@ -169,7 +175,7 @@ def render_sbatch(cfg: RootConfig, run_dir: Path, verify_only: bool = False) -> 
         "verify_first": _verify_step(cfg, verify_only),
     }
     script = _fill(TEMPLATE.read_text(encoding="utf-8"), values)
-    _refuse_secrets(cfg, script)
+    refuse_secrets(cfg.cluster, script)
     return script
 
 
@@ -239,6 +245,7 @@ def submit(cfg: RootConfig, run_dir: Path, argv: list[str]) -> int:
         raise EnvironmentProblem(f"sbatch refused the job: {words}")
     out, err = slurm_logs(run_dir.resolve(), job_id)
     log.info(f"submitted SLURM job {job_id}; log: {out} (stderr: {err.name})")
+    write_slurm_job(run_dir, job_id, waited=cfg.cluster.wait)
     if not cfg.cluster.wait:
         proc.wait()
         return 0

@@ -11,7 +11,7 @@ from launcher.sweep.compare import DEFAULT_STEPS, DEFAULT_TOLERANCE, Check
 
 log = get_logger("sweep")
 
-USAGE = "launch sweep-summary SWEEP_DIR [--tolerance X] [--steps N]"
+USAGE = "launch sweep-summary SWEEP_DIR [--tolerance X] [--steps N] [--jobs-ended]"
 
 
 def summary_main(argv: list[str]) -> int:
@@ -40,6 +40,13 @@ def summary_main(argv: list[str]) -> int:
         help=f"compare the first N common steps, 0 for all (default {DEFAULT_STEPS}; later, "
         "fp32 rounding amplified by the optimizer can exceed the tolerance between correct splits)",
     )
+    parser.add_argument(
+        "--jobs-ended",
+        action="store_true",
+        help="every point's SLURM job has ended (what the summary job after a SLURM sweep "
+        "passes): a point whose job left no result is recorded as failed, with the reason, in "
+        "its error.txt",
+    )
     args = parser.parse_args(argv)
     if args.tolerance <= 0 or args.steps < 0:
         parser.error("--tolerance must be positive and --steps non-negative")
@@ -48,6 +55,11 @@ def summary_main(argv: list[str]) -> int:
     from launcher.sweep.report import write_summary
 
     try:
+        if args.jobs_ended:
+            from launcher.sweep.after_jobs import record_ended_jobs
+
+            for name in record_ended_jobs(args.sweep_dir):
+                log.warning(f"point {name}: its SLURM job ended without finishing the run")
         result = write_summary(args.sweep_dir, Check(args.tolerance, args.steps))
     except LauncherError as exc:
         log.error(str(exc))

@@ -11,7 +11,13 @@ from pathlib import Path
 
 from launcher.config.root import RootConfig
 from launcher.logs import get_logger
-from launcher.rundir import ERROR_FILE, HYDRA_DIR, MULTIRUN_FILE, rank_error_files
+from launcher.rundir import (
+    ERROR_FILE,
+    HYDRA_DIR,
+    MULTIRUN_FILE,
+    clear_slurm_job,
+    rank_error_files,
+)
 from launcher.secrets import redact, redact_file, redact_tree
 from launcher.userpath import replace_own
 
@@ -42,6 +48,7 @@ def start_point(cfg: RootConfig, run_dir: Path, sweep_dir: Path) -> RootConfig:
     """A sweep point whose config is valid: forget a failure from an earlier attempt in the same
     run directory (a sweep run again to resume it), and join the sweep's wandb group."""
     (run_dir / ERROR_FILE).unlink(missing_ok=True)
+    clear_slurm_job(run_dir)  # a job record after this point ends was submitted by this sweep
     return join_sweep(cfg, sweep_dir)
 
 
@@ -82,14 +89,19 @@ def record_exit(run_dir: Path, code: int) -> bool:
             f"same command with hydra.sweep.dir={run_dir.parent} to resume it and the rest."
         )
         return True
-    reason = f"the job failed with exit status {code}"
+    record_failure(run_dir, f"the job failed with exit status {code}" + rank_reasons(run_dir))
+    return False
+
+
+def rank_reasons(run_dir: Path) -> str:
+    """The last line of the first two failed ranks' errors, as " (rank 0: ...; rank 1: ...)"; ""
+    when no rank left one."""
     details = []
     for rank, path in rank_error_files(run_dir):
         text = path.read_text(encoding="utf-8", errors="replace")
         lines = [ln for ln in text.splitlines() if ln.strip()]
         if lines:
             details.append(f"rank {rank}: {lines[-1]}")
-    if details:
-        reason += " (" + "; ".join(details[:2]) + ("; ..." if len(details) > 2 else "") + ")"
-    record_failure(run_dir, reason)
-    return False
+    if not details:
+        return ""
+    return " (" + "; ".join(details[:2]) + ("; ..." if len(details) > 2 else "") + ")"
