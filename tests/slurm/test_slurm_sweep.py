@@ -1,0 +1,58 @@
+"""A SLURM sweep without cluster.wait completes its own summary: one more job, after the points'
+jobs (afterany), runs `launch sweep-summary`, so nothing is run by hand."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FAST, run_launch
+from tests.slurm.conftest import job_finished, wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+
+
+def test_a_sweep_of_slurm_jobs_writes_its_summary_when_they_end(
+    slurm_nodes: int, tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep"
+    args = [
+        "train",
+        "-m",
+        "cluster=slurm",
+        "batch.global_size=8",
+        "batch.grad_accum=1,2",
+        *FAST,
+        "train.steps=6",
+        "checkpoint.enabled=false",
+        "cluster.time=00:10:00",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    proc = run_launch(args)
+    out = proc.stdout + proc.stderr
+    assert out.count("submitted SLURM job") == 2, out  # `launch` returned without waiting
+    points = re.findall(r"submitted SLURM job (\d+)", out)
+    match = re.search(r"submitted sweep summary job (\d+), after job\(s\) (\S+) \(afterany\)", out)
+    assert match, out
+    summary_job, after = match.groups()
+    assert after == ",".join(points)
+    script = (sweep / "sweep_summary.sbatch").read_text()
+    assert f"#SBATCH --dependency=afterany:{':'.join(points)}\n" in script
+    log = sweep / f"sweep_summary-{summary_job}.out"
+    wait_for(lambda: job_finished(summary_job) and log.is_file(), "the summary job", 300.0)
+    with open(sweep / "sweep_summary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["grad_accum"], r["status"], r["check"]) for r in rows] == [
+        ("1", "ok", "reference"),
+        ("2", "ok", "agrees"),
+    ], log.read_text()
+    assert all(r["common_steps"] == "6" for r in rows)
+    markdown = (sweep / "sweep_summary.md").read_text()
+    assert "2 point(s): 2 ok; 1 loss curve(s) compared with their reference, none differs" in (
+        markdown
+    )
+    assert (sweep / "sweep_summary.png").is_file()
+    assert "| grad_accum=2 |" in log.read_text()  # the job printed the table into its log
