@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,33 @@ def test_a_sweep_of_slurm_jobs_writes_its_summary_when_they_end(
     )
     assert (sweep / "sweep_summary.png").is_file()
     assert "| grad_accum=2 |" in log.read_text()  # the job printed the table into its log
+
+
+def test_the_summary_job_runs_after_a_failed_point_and_reports_it(
+    slurm_nodes: int, tmp_path: Path
+) -> None:
+    # Point 1's job fails at once: its nodes have no such Python.
+    sweep = tmp_path / "sweep"
+    args = [
+        "train",
+        "-m",
+        "cluster=slurm",
+        f"cluster.python={sys.executable},{tmp_path}/no-python",
+        "batch.global_size=8",
+        "batch.grad_accum=2",
+        *FAST,
+        "train.steps=2",
+        "checkpoint.enabled=false",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    proc = run_launch(args)
+    match = re.search(r"submitted sweep summary job (\d+)", proc.stdout + proc.stderr)
+    assert match, proc.stdout + proc.stderr
+    log = sweep / f"sweep_summary-{match.group(1)}.out"
+    wait_for(lambda: job_finished(match.group(1)) and log.is_file(), "the summary job", 300.0)
+    with open(sweep / "sweep_summary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["ok", "failed"], log.read_text()
+    assert re.match(r"SLURM job \d+ ended without finishing the run \(", rows[1]["note"])
+    assert "no-python" in rows[1]["note"]  # the job's own error, from its slurm-<job>.err
+    assert "1 failed" in (sweep / "sweep_summary.md").read_text()
