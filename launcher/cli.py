@@ -47,7 +47,8 @@ commands:
              model.safetensors + model.yaml; a new run starts from it (model.init_from=DIR)
   sweep-summary SWEEP_DIR
              write sweep_summary.csv/.md/.png: one row per point, loss curves checked
-             (`launch train -m` writes them itself; this is for points that ran as SLURM jobs)
+             (`launch train -m` writes them itself, and with cluster=slurm submits a job that
+             writes them again once the points' jobs have ended)
 
 main config keys (override as key=value; groups as group=name):
   model=tiny|small|gpt2      model.n_layer model.n_head model.d_model model.seq_len model.dropout
