@@ -80,9 +80,10 @@ class SweepSummaryCallback(Callback):
             # The first point's cluster.* (partition, account, python, set-up) runs the summary.
             cluster = load_config_file(self.pending[0][0] / CONFIG_FILE).cluster
             job_id, job_log = submit_summary_job(sweep_dir, job_ids, self.check, cluster)
-        except LauncherError as exc:
+        except Exception as exc:  # the points' jobs are submitted; never fail the sweep at its end
+            why = str(exc) if isinstance(exc, LauncherError) else f"{type(exc).__name__}: {exc}."
             log.error(
-                f"could not submit the sweep summary job: {exc} Then, once jobs "
+                f"could not submit the sweep summary job: {why} Fix: once jobs "
                 f"{','.join(job_ids)} have ended, run `launch sweep-summary {sweep_dir} "
                 "--jobs-ended`."
             )

@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from launcher.config.cluster import ClusterConfig, ClusterKind
+from launcher.errors import EnvironmentProblem
+from launcher.runners.slurm_dependent import submit_dependent
+from launcher.sweep.after_jobs import summary_job
+from launcher.sweep.compare import Check
 from tests.helpers import FAST, run_launch
 from tests.slurm.conftest import job_finished, wait_for
 
@@ -87,3 +92,12 @@ def test_the_summary_job_runs_after_a_failed_point_and_reports_it(
     assert re.match(r"SLURM job \d+ ended without finishing the run \(", rows[1]["note"])
     assert "no-python" in rows[1]["note"]  # the job's own error, from its slurm-<job>.err
     assert "1 failed" in (sweep / "sweep_summary.md").read_text()
+
+
+def test_a_summary_job_sbatch_refuses_is_one_error_naming_the_script(
+    slurm_nodes: int, tmp_path: Path
+) -> None:
+    job = summary_job(tmp_path, ["1"], Check())
+    with pytest.raises(EnvironmentProblem, match=r"sbatch refused .*sweep_summary\.sbatch: .*"):
+        submit_dependent(job, ClusterConfig(name=ClusterKind.slurm, partition="no_such_part"))
+    assert (tmp_path / "sweep_summary.sbatch").is_file()  # written first: it can be read or rerun
