@@ -1,4 +1,5 @@
-"""adapter=lora on one rank in this process: the targets resolved (one error naming the key and
+"""adapter=lora on one rank in this process (the built-in GPT, and a tiny HF Llama for the frozen
+base): the targets resolved (one error naming the key and
 listing the layers there are), the base frozen bitwise, gradients and optimizer state for the
 adapters only, the checkpoint holding only what trains, merging equal to the adapters unmerged,
 and a checkpoint refused on another base."""
@@ -16,7 +17,9 @@ from launcher.adapters.export import tied_trained
 from launcher.adapters.targets import resolve
 from launcher.checkpoint.checkpointer import Checkpointer
 from launcher.checkpoint.preflight import check_resume
+from launcher.config import to_root_config
 from launcher.config.adapter import AdapterConfig, AdapterKind
+from launcher.config.root import RootConfig
 from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.errors import ConfigError
 from launcher.models.adapted import base_identity
@@ -134,12 +137,42 @@ def test_merged_model_gives_the_adapted_logits() -> None:
     torch.testing.assert_close(merged(tokens), adapted, rtol=0, atol=1e-5)
 
 
+LLAMA = {
+    "_target_": "launcher.models.hf.build_hf",
+    "name": "hf",
+    "seq_len": 24,
+    "config": str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny_llama.json"),
+}
+FULL_MODULE = {"gpt": "pos_emb", "llama": "model.embed_tokens"}
+"""Per model: a module trained in full beside the adapters."""
+
+
+def adapted_config(kind: str, engine: str) -> RootConfig:
+    """adapter=lora with one module trained in full, on the built-in GPT or a tiny HF Llama."""
+    adapter = {**LORA, "train_modules": [FULL_MODULE[kind]]}
+    if kind == "gpt":
+        return make_config(adapter=adapter, engine={"name": engine}, checkpoint={"every": 0})
+    pytest.importorskip("transformers")
+    adapter["targets"] = ["q_proj", "v_proj", "down_proj"]
+    return to_root_config(
+        {
+            "model": LLAMA,
+            "train": {"steps": 4},
+            "adapter": adapter,
+            "engine": {"name": engine},
+            "checkpoint": {"every": 0},
+            "wandb": {"mode": "disabled"},
+        }
+    )
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
 @pytest.mark.parametrize("engine", ["ddp", "fsdp"])
 def test_base_stays_bitwise_and_only_adapters_get_grads_and_state(
-    engine: str, ctx: DistContext, tmp_path: Path
+    engine: str, kind: str, ctx: DistContext, tmp_path: Path
 ) -> None:
-    adapter = {**LORA, "train_modules": ["pos_emb"]}  # trained in full beside the adapters
-    cfg = make_config(adapter=adapter, engine={"name": engine}, checkpoint={"every": 0})
+    cfg = adapted_config(kind, engine)
+    full_weight = f"{FULL_MODULE[kind]}.weight"
     base = {n: p.detach().clone() for n, p in build_model(cfg).named_parameters()}
     trainer = build_trainer(cfg, ctx, tmp_path)
     module = trainer.engine.module
@@ -154,8 +187,8 @@ def test_base_stays_bitwise_and_only_adapters_get_grads_and_state(
         hook.remove()
     params = dict(module.named_parameters())
     trainable = {n for n, p in params.items() if p.requires_grad}
-    assert "pos_emb.weight" in trainable
-    assert all(is_adapter_name(n) for n in trainable - {"pos_emb.weight"})
+    assert full_weight in trainable
+    assert all(is_adapter_name(n) for n in trainable - {full_weight})
     assert set(grads) == trainable  # every adapter got a gradient, nothing else could
     assert all(params[n].grad is None for n in params if n not in trainable)
     state = trainer.engine.optimizer.state
