@@ -1,8 +1,8 @@
-"""adapter=lora on one rank in this process (the built-in GPT, and a tiny HF Llama for the frozen
-base): the targets resolved (one error naming the key and
-listing the layers there are), the base frozen bitwise, gradients and optimizer state for the
-adapters only, the checkpoint holding only what trains, merging equal to the adapters unmerged,
-and a checkpoint refused on another base."""
+"""adapter=lora on one rank in this process (the built-in GPT; a tiny HF Llama too for the frozen
+base): the targets resolved (one error naming the key and listing the layers there are), the
+base frozen bitwise, gradients and optimizer state for the adapters only, the checkpoint holding
+only what trains, merging equal to the adapters unmerged, and a checkpoint refused on another
+base."""
 
 from __future__ import annotations
 
