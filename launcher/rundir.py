@@ -74,6 +74,7 @@ _RANK_ERROR_PREFIX = "error_rank"
 OWN_FILES = (
     *(CONFIG_FILE, PLAN_FILE, DS_CONFIG_FILE, SBATCH_FILE, VERIFY_SBATCH_FILE, CERTIFICATE_FILE),
     *(METRICS_FILE, SUMMARY_FILE, STOPPED_FILE, ERROR_FILE, RANK_FAILURES_FILE, LOCK_FILE),
+    *(EVENTS_FILE, HANG_REPORT_FILE, MLFLOW_RUN_ID_FILE),
     f"{WANDB_DIR}/{WANDB_RUN_ID_FILE}",
 )
 """The files the launcher writes into a run directory by these names (a link there is refused)."""
