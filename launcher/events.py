@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from launcher.rundir import EVENTS_FILE
+from launcher.userpath.own import open_own
 
 
 def record_event(run_dir: Path, event: str, **fields: Any) -> dict[str, Any]:
     """Append one record (one write of one line: appends from several processes do not mix)."""
     record = {"event": event, "time": round(time.time(), 3), **fields}
     line = json.dumps(record, default=str) + "\n"
-    with open(run_dir / EVENTS_FILE, "a", encoding="utf-8") as f:
+    with open(open_own(run_dir / EVENTS_FILE), "a", encoding="utf-8") as f:  # never via a link
         f.write(line)
     return record
 

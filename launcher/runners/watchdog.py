@@ -32,6 +32,7 @@ from launcher.events import record_event
 from launcher.logs import get_logger
 from launcher.rundir import HANG_REPORT_FILE, heartbeat_file, stacks_file
 from launcher.runners.signals import worker_processes
+from launcher.userpath.own import open_own
 from launcher.worker.heartbeat import DUMP_SIGNAL
 
 log = get_logger("watchdog")
@@ -150,7 +151,7 @@ class Watchdog:
             f"{len(ranks)} rank(s), all waiting in a collective: the rank that stopped "
             f"progressing is on another node; stacks in {report}"
         )
-        with open(report, "a", encoding="utf-8") as f:
+        with open(open_own(report), "a", encoding="utf-8") as f:  # never through a link
             f.write(_report(line, ranks, blamed, stacks))
         self.hangs.append(
             record_event(

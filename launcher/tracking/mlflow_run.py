@@ -17,6 +17,7 @@ from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.rundir import MLFLOW_ARTIFACTS, MLFLOW_DB, MLFLOW_RUN_ID_FILE
 from launcher.tracking.params import numbers, run_params
+from launcher.userpath.own import replace_own
 
 log = get_logger("tracking")
 
@@ -74,7 +75,7 @@ class MlflowRun:
                     name, artifact_location=where.as_uri() if where else None
                 )
             run = client.create_run(experiment, run_name=run_dir.name)
-            id_file.write_text(run.info.run_id + "\n", encoding="utf-8")
+            replace_own(id_file, run.info.run_id + "\n")  # never through a link
         else:
             client.update_run(run.info.run_id, status="RUNNING")
         run_id = run.info.run_id

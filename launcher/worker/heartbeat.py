@@ -26,6 +26,7 @@ from typing import IO
 from launcher.config.root import RootConfig
 from launcher.lifetime import AGENT_PID_ENV
 from launcher.rundir import heartbeat_file, stacks_file
+from launcher.userpath.own import open_own
 
 DUMP_SIGNAL = signal.SIGUSR2
 """The signal the watchdog sends a rank for its stacks."""
@@ -56,7 +57,8 @@ class Heartbeat:
     def dump_stacks_on_signal(self) -> None:
         """SIGUSR2 writes this rank's stacks (all threads) to heartbeats/rank<r>.stacks."""
         path = stacks_file(self.path.parent.parent, self.rank)
-        self._stacks = open(path, "w", encoding="utf-8")  # noqa: SIM115 (open while registered)
+        truncate = os.O_WRONLY | os.O_TRUNC  # never through a link (O_NOFOLLOW)
+        self._stacks = open(open_own(path, flags=truncate), "w", encoding="utf-8")  # noqa: SIM115
         faulthandler.register(DUMP_SIGNAL, file=self._stacks, all_threads=True)
 
     def beat(self, step: int, phase: str, timed: bool = True) -> None:
@@ -72,7 +74,10 @@ class Heartbeat:
             "deadline": now + self.timeout_s if timed else None,
         }
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record), encoding="utf-8")
+        # A file per step: opened O_NOFOLLOW (never written through a link planted at the name),
+        # not replace_own's synced temporary (a crash only loses a beat).
+        with open(open_own(tmp, flags=os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as f:
+            f.write(json.dumps(record))
         tmp.replace(self.path)
 
     def before_step(self, step: int) -> None:

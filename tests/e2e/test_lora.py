@@ -1,6 +1,6 @@
 """adapter=lora through `launch` on the built-in GPT: the same exact curves for every split and
-engine (ddp, fsdp, ZeRO-3) as one process, checkpoints the adapter's size, a kill -9 resumed
-bitwise, and `launch plan` showing the plan beside a full fine-tune's.
+engine (ddp, fsdp, ZeRO-3) as one process (on a tiny HF Llama too), checkpoints the adapter's
+size, a kill -9 resumed bitwise, and `launch plan` showing the plan beside a full fine-tune's.
 
 fp32, dropout 0, 6 steps, global batch 8 = dp 2 x grad_accum 2 x micro 2 against one process
 running the whole global batch at once (tests/e2e/test_engines.py's shape)."""
@@ -82,6 +82,45 @@ def test_split_matches_one_process(
 ) -> None:
     run_dir = split_run(name, split_runs, tmp_path_factory.mktemp(name))
     ours, theirs = read_metrics(run_dir), read_metrics(reference)
+    for key in ("loss", "grad_norm", "lr"):
+        a, b = [m[key] for m in ours], [m[key] for m in theirs]
+        assert max_rel_diff(a, b) < 1e-5, (key, a, b)
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+LLAMA_CURVE = [
+    "train",
+    "model=hf",
+    f"model.config={FIXTURES / 'tiny_llama.json'}",
+    "model.seq_len=24",
+    "adapter=lora",
+    "adapter.rank=4",
+    "adapter.targets=[q_proj,v_proj,down_proj]",
+    f"train.steps={STEPS}",
+    "batch.global_size=8",
+    "data.eval_problems=1",
+    "train.precision=fp32",
+    "checkpoint.enabled=false",
+    "wandb.mode=disabled",
+]
+
+
+@pytest.fixture(scope="module")
+def llama_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama's adapter run in one process, one micro-batch of the whole global batch."""
+    pytest.importorskip("transformers")
+    run_dir = tmp_path_factory.mktemp("llama_reference") / "run"
+    run_launch([*LLAMA_CURVE, "parallel.dp=1", "batch.grad_accum=1"], run_dir, env=ENV)
+    assert len(read_metrics(run_dir)) == STEPS
+    return run_dir
+
+
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_llama_split_matches_one_process(name: str, llama_reference: Path, tmp_path: Path) -> None:
+    """The same on a tiny Hugging Face Llama (issue 34 names both models)."""
+    run_launch([*LLAMA_CURVE, *SPLIT, *ENGINES[name]], tmp_path / "run", env=ENV, in_process=True)
+    ours, theirs = read_metrics(tmp_path / "run"), read_metrics(llama_reference)
+    assert (read_summary(tmp_path / "run")["world_size"], len(ours)) == (2, STEPS)
     for key in ("loss", "grad_norm", "lr"):
         a, b = [m[key] for m in ours], [m[key] for m in theirs]
         assert max_rel_diff(a, b) < 1e-5, (key, a, b)

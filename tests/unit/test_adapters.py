@@ -1,7 +1,8 @@
-"""adapter=lora on one rank in this process: the targets resolved (one error naming the key and
-listing the layers there are), the base frozen bitwise, gradients and optimizer state for the
-adapters only, the checkpoint holding only what trains, merging equal to the adapters unmerged,
-and a checkpoint refused on another base."""
+"""adapter=lora on one rank in this process (the built-in GPT; a tiny HF Llama too for the frozen
+base): the targets resolved (one error naming the key and listing the layers there are), the
+base frozen bitwise, gradients and optimizer state for the adapters only, the checkpoint holding
+only what trains, merging equal to the adapters unmerged, and a checkpoint refused on another
+base."""
 
 from __future__ import annotations
 
@@ -16,13 +17,17 @@ from launcher.adapters.export import tied_trained
 from launcher.adapters.targets import resolve
 from launcher.checkpoint.checkpointer import Checkpointer
 from launcher.checkpoint.preflight import check_resume
+from launcher.config import to_root_config
+from launcher.config.ac import AcPolicy
 from launcher.config.adapter import AdapterConfig, AdapterKind
+from launcher.config.root import RootConfig
 from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.errors import ConfigError
 from launcher.models.adapted import base_identity
 from launcher.models.gpt import GPT
 from launcher.worker.run import build_model
-from tests.harness import build_trainer, make_config
+from tests.harness import build_trainer, make_config, record_gradients, record_losses
+from tests.helpers import max_rel_diff
 
 LORA = {"name": "lora", "rank": 4, "alpha": 8.0, "targets": ["attn.qkv", "mlp.fc"]}
 
@@ -134,12 +139,42 @@ def test_merged_model_gives_the_adapted_logits() -> None:
     torch.testing.assert_close(merged(tokens), adapted, rtol=0, atol=1e-5)
 
 
+LLAMA = {
+    "_target_": "launcher.models.hf.build_hf",
+    "name": "hf",
+    "seq_len": 24,
+    "config": str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny_llama.json"),
+}
+FULL_MODULE = {"gpt": "pos_emb", "llama": "model.embed_tokens"}
+"""Per model: a module trained in full beside the adapters."""
+
+
+def adapted_config(kind: str, engine: str) -> RootConfig:
+    """adapter=lora with one module trained in full, on the built-in GPT or a tiny HF Llama."""
+    adapter = {**LORA, "train_modules": [FULL_MODULE[kind]]}
+    if kind == "gpt":
+        return make_config(adapter=adapter, engine={"name": engine}, checkpoint={"every": 0})
+    pytest.importorskip("transformers")
+    adapter["targets"] = ["q_proj", "v_proj", "down_proj"]
+    return to_root_config(
+        {
+            "model": LLAMA,
+            "train": {"steps": 4},
+            "adapter": adapter,
+            "engine": {"name": engine},
+            "checkpoint": {"every": 0},
+            "wandb": {"mode": "disabled"},
+        }
+    )
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
 @pytest.mark.parametrize("engine", ["ddp", "fsdp"])
 def test_base_stays_bitwise_and_only_adapters_get_grads_and_state(
-    engine: str, ctx: DistContext, tmp_path: Path
+    engine: str, kind: str, ctx: DistContext, tmp_path: Path
 ) -> None:
-    adapter = {**LORA, "train_modules": ["pos_emb"]}  # trained in full beside the adapters
-    cfg = make_config(adapter=adapter, engine={"name": engine}, checkpoint={"every": 0})
+    cfg = adapted_config(kind, engine)
+    full_weight = f"{FULL_MODULE[kind]}.weight"
     base = {n: p.detach().clone() for n, p in build_model(cfg).named_parameters()}
     trainer = build_trainer(cfg, ctx, tmp_path)
     module = trainer.engine.module
@@ -154,8 +189,8 @@ def test_base_stays_bitwise_and_only_adapters_get_grads_and_state(
         hook.remove()
     params = dict(module.named_parameters())
     trainable = {n for n, p in params.items() if p.requires_grad}
-    assert "pos_emb.weight" in trainable
-    assert all(is_adapter_name(n) for n in trainable - {"pos_emb.weight"})
+    assert full_weight in trainable
+    assert all(is_adapter_name(n) for n in trainable - {full_weight})
     assert set(grads) == trainable  # every adapter got a gradient, nothing else could
     assert all(params[n].grad is None for n in params if n not in trainable)
     state = trainer.engine.optimizer.state
@@ -320,3 +355,32 @@ def test_an_adapter_run_loads_its_relative_base_from_any_directory(
     (tmp_path / "b" / "model.safetensors").rename(tmp_path / "a" / "model.safetensors")
     with pytest.raises(ConfigError, match=r"^model\.init_from: the base .*/a has changed since"):
         adapted_model(cfg, find_checkpoints(run_dir)[0])
+
+
+def _lora_curve(ctx: DistContext, tmp_path: Path, ac: str) -> tuple[list[float], list[float]]:
+    """Loss and the synchronised gradients of 3 steps of adapter=lora under one recompute policy."""
+    cfg = make_config(
+        adapter=LORA,
+        ac={"policy": ac},
+        train={"steps": 3, "precision": "fp32"},
+        optim={"warmup_steps": 0},
+        checkpoint={"enabled": False},
+    )
+    trainer = build_trainer(cfg, ctx, tmp_path / ac)
+    losses, grads = record_losses(trainer), record_gradients(trainer)
+    trainer.train()
+    assert None not in losses
+    return [float(x) for x in losses if x is not None], [float(g.norm()) for g in grads]
+
+
+def test_every_recompute_policy_trains_the_adapters_as_without_recompute(
+    ctx: DistContext, tmp_path: Path
+) -> None:
+    """Issue 34: every recompute policy with adapters: the frozen base inside a recomputed block
+    still passes the adapters' gradients (the same curve as ac=none, 1e-6)."""
+    losses, grads = _lora_curve(ctx, tmp_path, "none")
+    assert len(losses) == len(grads) == 3 and all(g > 0 for g in grads)
+    for policy in [p.value for p in AcPolicy.granularities() if p != AcPolicy.none]:
+        other_losses, other_grads = _lora_curve(ctx, tmp_path, policy)
+        assert max_rel_diff(other_losses, losses) < 1e-6, (policy, other_losses, losses)
+        assert max_rel_diff(other_grads, grads) < 1e-6, (policy, other_grads, grads)

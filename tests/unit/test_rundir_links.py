@@ -1,9 +1,10 @@
 """The launcher's own files inside a directory the user named (a run directory, the data cache)
 are never written through a symbolic link (launcher/userpath/own.py): a link planted where the
 launcher writes config.yaml, plan.json, metrics.jsonl, summary.json, stopped.json, verify.json,
-wandb/run_id.txt or a cache lock is refused with one error naming the path and `rm` as the fix,
-and the file it leads to is untouched; the old fixed temporary names (`stopped.json.tmp`, ...)
-are no longer used; redact_tree never rewrites a file through a link."""
+wandb/run_id.txt, events.jsonl, hang_report.txt, mlflow_run_id.txt, a heartbeat or a cache lock
+is refused with one error naming the path and `rm` as the fix, and the file it leads to is
+untouched; the old fixed temporary names (`stopped.json.tmp`, ...) are no longer used;
+redact_tree never rewrites a file through a link."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from launcher import commands, prepare
 from launcher.config import to_root_config
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
+from launcher.events import read_events, record_event
 from launcher.integrity import digests
 from launcher.lifetime import RunLock
 from launcher.plan import build_plan
-from launcher.rundir import write_stopped
+from launcher.rundir import check_own_files, heartbeat_file, stacks_file, write_stopped
 from launcher.runners import runner_for
 from launcher.secrets import redact_tree
 from launcher.tracking.summary import RunShape
@@ -33,6 +35,7 @@ from launcher.verify.compare import compare
 from launcher.verify.report import Certificate, write_certificate
 from launcher.verify.results import RunResult, StepRecord
 from launcher.verify.settings import TOLERANCES, split_config
+from launcher.worker.heartbeat import Heartbeat
 from tests.planted import Planted, snapshot
 
 SLURM = {"name": "slurm", "python": "/opt/venv/bin/python"}
@@ -254,3 +257,37 @@ def test_the_run_directory_lock_is_never_written_through_a_link(tmp_path: Path) 
     refused(error, tmp_path / ".lock")
     with RunLock(tmp_path) as lock:
         assert lock.fd is not None and not (tmp_path / ".lock").is_symlink()
+
+
+def test_events_hang_report_mlflow_id_and_heartbeats_are_never_written_through_a_link(
+    tmp_path: Path,
+) -> None:
+    """Issue 33's rule for the run directory's other own files: refused at the start, and a link
+    planted later is refused by the write itself (events.jsonl was appended through one)."""
+    for name in ("events.jsonl", "hang_report.txt", "mlflow_run_id.txt"):
+        outside = plant(tmp_path / name, tmp_path / "elsewhere")
+        with pytest.raises(ConfigError) as error:
+            check_own_files(tmp_path)
+        assert outside.read_text() == "not yours\n"
+        refused(error, tmp_path / name)
+    events = tmp_path / "events.jsonl"
+    outside = plant(events, tmp_path / "later")
+    with pytest.raises(ConfigError) as error:
+        record_event(tmp_path, "hang", ranks=[0])
+    assert outside.read_text() == "not yours\n"
+    refused(error, events)
+    record_event(tmp_path, "hang", ranks=[0])
+    assert [e["ranks"] for e in read_events(tmp_path)] == [[0]]
+
+    beat = heartbeat_file(tmp_path, 0)
+    outside = plant(beat.with_suffix(".tmp"), tmp_path / "beats")  # the temporary's fixed name
+    with pytest.raises(ConfigError):
+        Heartbeat(tmp_path, 0, 10.0, lambda step: False)
+    assert outside.read_text() == "not yours\n"
+    beat.with_suffix(".tmp").unlink()
+    heartbeat = Heartbeat(tmp_path, 0, 10.0, lambda step: False)
+    assert json.loads(beat.read_text())["phase"] == "start"
+    outside = plant(stacks_file(tmp_path, 0), tmp_path / "stacks")
+    with pytest.raises(ConfigError):
+        heartbeat.dump_stacks_on_signal()
+    assert outside.read_text() == "not yours\n"
