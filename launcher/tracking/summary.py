@@ -73,6 +73,9 @@ class RunSummary:
     mixture: dict[str, Any] | None = None
     """A data.sources mixture: per source name its asked weight, valid target tokens, realised
     fraction of the mixture's tokens and samples (launcher/data/mixture.py)."""
+    events: tuple[dict[str, Any], ...] = ()
+    """The run's hangs, restarts and elastic changes so far (events.jsonl: when, why, which
+    ranks and nodes, the steps redone), so summary.json and wandb's summary hold them too."""
 
     @property
     def exit_status(self) -> int:
@@ -118,6 +121,8 @@ class RunSummary:
         values = clean(values)
         if self.mixture is not None:
             values["mixture"] = self.mixture
+        if self.events:
+            values["events"] = list(self.events)
         return values
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
+from launcher.events import read_events
 from launcher.logs import get_logger
 from launcher.rundir import METRICS_FILE, SUMMARY_FILE
 from launcher.tracking.flops import (
@@ -189,6 +190,7 @@ class Tracker:
             rank_tokens_max=t.rank_tokens_max,
             wandb_run_id=self.wandb.id if self.wandb is not None else None,
             compile_s=self.compile_clock() if self.compile_clock is not None else None,
+            events=tuple(read_events(self.run_dir)),
         )
 
     def finish(self, summary: RunSummary) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import pytest
 
 from launcher.events import read_events
 from tests.e2e.test_resume import COMMON, DP1, ENV, SLOW, Launch, last_per_step
+from tests.e2e.test_wandb import offline_runs, read_wandb_records, wandb_summary
 from tests.helpers import max_rel_diff, read_losses, read_summary, run_launch
 from tests.once import built_once
 
@@ -44,7 +45,7 @@ def test_a_lost_node_continues_on_the_other_with_the_same_losses(
         lambda path: run_launch([*COMMON, *DP1], path, env=ENV),
     )
     run_dir = tmp_path / "run"
-    launch = Launch([*COMMON, *ELASTIC, SLOW], run_dir)
+    launch = Launch([*COMMON, *ELASTIC, SLOW, "wandb.mode=offline"], run_dir)
     launch.wait_for_step(5)
     other_agent(launch.proc.pid).kill()  # the node dies, its rank with it
     code = launch.wait()
@@ -59,4 +60,8 @@ def test_a_lost_node_continues_on_the_other_with_the_same_losses(
     assert f"restarted on 1 node (dp 2 -> 1, grad_accum 1 -> 2), from step {step}" in output
     summary = read_summary(run_dir)
     assert summary["world_size"] == 1 and summary["grad_accum"] == 2
+    assert [e for e in summary["events"] if e["event"] == "restart"] == [restart]
+    *_, offline = offline_runs(run_dir)  # one per attempt; the restarted one finishes the run
+    (wandb_file,) = offline.glob("*.wandb")
+    assert restart in wandb_summary(read_wandb_records(wandb_file))["events"]
     assert max_rel_diff(last_per_step(run_dir), read_losses(one_process)) < 1e-5

@@ -71,6 +71,14 @@ def wandb_config(records: list[Any]) -> dict[str, Any]:
     return config
 
 
+def wandb_summary(records: list[Any]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "summary":
+            summary.update(_items(r.summary.update))
+    return summary
+
+
 def offline_runs(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "wandb").glob("offline-run-*"))
 
