@@ -68,19 +68,29 @@ class HarnessConfig:
             )
         if self.limit is not None and self.limit < 1:
             raise ConfigError(
-                "eval.harness.limit", f"must be 1 or more (or null), got {self.limit}."
+                "eval.harness.limit",
+                f"must be 1 or more (or null), got {self.limit}.",
+                "set eval.harness.limit=N, or null for every document.",
             )
         if self.num_fewshot is not None and self.num_fewshot < 0:
             raise ConfigError(
-                "eval.harness.num_fewshot", f"must be 0 or more (or null), got {self.num_fewshot}."
+                "eval.harness.num_fewshot",
+                f"must be 0 or more (or null), got {self.num_fewshot}.",
+                "set eval.harness.num_fewshot=N, or null for each task's own.",
             )
         for key in ("batch_size", "max_gen_toks"):
             if getattr(self, key) < 1:
                 raise ConfigError(
-                    f"eval.harness.{key}", f"must be 1 or more, got {getattr(self, key)}."
+                    f"eval.harness.{key}",
+                    f"must be 1 or more, got {getattr(self, key)}.",
+                    f"set eval.harness.{key}=1 or more.",
                 )
         if self.wait_s < 0:
-            raise ConfigError("eval.harness.wait_s", f"must be 0 or more, got {self.wait_s}.")
+            raise ConfigError(
+                "eval.harness.wait_s",
+                f"must be 0 or more, got {self.wait_s}.",
+                "set eval.harness.wait_s=SECONDS (0: do not wait).",
+            )
         try:
             time_limit_seconds(self.time)
         except ConfigError:
