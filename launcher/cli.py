@@ -45,6 +45,9 @@ commands:
   export RUN [--output DIR] [export.dtype=fp32|bf16|fp16] [export.overwrite=true]
              the trained weights as a from_pretrained directory (transformers models) or
              model.safetensors + model.yaml; a new run starts from it (model.init_from=DIR)
+  eval RUN 'eval.harness.tasks=[TASK,...]' [eval.harness.include_path=DIR]
+             lm-evaluation-harness on a run's checkpoint (any engine, no export): scores in
+             RUN/eval/step_N.json, metrics.jsonl and the trackers; needs the [eval] extra
   sweep-summary SWEEP_DIR
              write sweep_summary.csv/.md/.png: one row per point, loss curves checked
              (`launch train -m` writes them itself, and with cluster=slurm submits a job that
@@ -55,6 +58,7 @@ main config keys (override as key=value; groups as group=name):
   model=custom|hf            model._target_ (your nn.Module), model.path / model.config (HF)
   data=reverse|text|jsonl|tokens|hf|custom   data.path data.val_path data.tokenizer
   eval.every  eval.batches   a token-exact validation loss (val_loss)
+  eval.harness.tasks eval.harness.include_path eval.harness.every   lm-eval scores of checkpoints
   parallel.dp  parallel.nodes
   batch.global_size  batch.micro_size  batch.grad_accum   (any two; the third is derived)
   batch.micro_size=auto  train.memory_budget=40GiB   a split chosen to fit (global batch kept)
@@ -230,6 +234,10 @@ def main(argv: list[str] | None = None) -> None:
 
         main_of = generate_main if command == "generate" else serve_main
         sys.exit(main_of(rest))
+    if command == "eval":
+        from launcher.harness.command import eval_main
+
+        sys.exit(eval_main(rest))
     if command == "export":
         from launcher.export.command import export_main
 

@@ -94,6 +94,11 @@ def prepare_run(
     cfg = check_environment(cfg, runner)
     cfg = check_wandb(cfg)
     cfg = check_trackers(cfg)
+    if cfg.eval.harness.every and not dry_run:  # evaluation during training: lm-eval, early
+        from launcher.harness.evaluate import include_dir, require_lm_eval
+
+        require_lm_eval()
+        include_dir(cfg.eval.harness)
     lock.acquire()  # before reading what is there: another run may be writing it
     check_own_files(run_dir)  # a link where the launcher writes its files: refused, nothing written
     if dry_run:

@@ -22,6 +22,10 @@
     heartbeats/          train.hang_timeout: each rank's progress (rank<r>.json) and the file its
                          stacks are dumped into on SIGUSR2 (rank<r>.stacks)
     checkpoints/         training-state checkpoints (launcher/checkpoint/files.py)
+    eval/                lm-evaluation-harness results: step_<N>.json per evaluated checkpoint,
+                         step_<N>.log (an evaluation during training: its output), and
+                         step_<N>.sbatch / slurm-<job>.out (cluster=slurm: its own job),
+                         step_<N>.pending until that evaluation has read the checkpoint
     wandb/               wandb's files; wandb/run_id.txt keeps the run id across resumes
     .hydra/              Hydra's copies of the config and overrides
     .lock                held (flock) by the run using the directory, and names it
@@ -61,6 +65,8 @@ MLFLOW_ARTIFACTS = "mlartifacts"
 """The MLflow experiment's artifact root beside MLFLOW_DB."""
 MLFLOW_RUN_ID_FILE = "mlflow_run_id.txt"
 """The MLflow run id, kept so that a resumed run continues the same MLflow run."""
+EVAL_DIR = "eval"
+"""lm-evaluation-harness results (launcher/harness/)."""
 HYDRA_DIR = ".hydra"
 LOCK_FILE = ".lock"
 AGENT_DIR = ".torchelastic"
@@ -152,6 +158,15 @@ def rank_error_files(run_dir: Path) -> list[tuple[str, Path]]:
         for path in run_dir.glob(f"{_RANK_ERROR_PREFIX}*.txt")
     ]
     return sorted(found, key=lambda item: int(item[0]) if item[0].isdigit() else -1)
+
+
+PENDING_SUFFIX = ".pending"
+"""eval/step_<N>.pending: an evaluation has not read that checkpoint yet (pruning skips it)."""
+
+
+def harness_file(run_dir: Path, step: int, suffix: str = ".json") -> Path:
+    """eval/step_<N>.json: the scores of the checkpoint of step N (.log, .sbatch: its job)."""
+    return run_dir / EVAL_DIR / f"step_{step}{suffix}"
 
 
 def check_own_files(run_dir: Path) -> None:

@@ -84,6 +84,9 @@ class Checkpointer:
         self.before_marker: Callable[[int], None] | None = None
         """Called on rank 0 with the step before a completion record is written (a test's
         pause: launcher/worker/debug.py)."""
+        self.after_commit: Callable[[int, Path], None] | None = None
+        """Called on rank 0 with the step and the path once a checkpoint is complete and in
+        place (evaluation during training: launcher/harness/dispatch.py)."""
         self.base: dict[str, Any] | None = None
         """An adapter run's base weights (launcher/models/adapted.py): recorded in meta.json,
         checked on resume."""
@@ -225,6 +228,8 @@ class Checkpointer:
             commit(tmp, final)
             prune(self.run_dir, self.cfg.checkpoint.keep, final)
             log.info(f"saved checkpoint {final} ({time.perf_counter() - started:.1f}s)")
+            if self.after_commit is not None:
+                self.after_commit(meta["step"], final)
         barrier(group)  # nobody moves on (or exits) before the checkpoint is in place
 
     def _write_rank_files(self, tmp: Path, write_engine: Callable[[Path], _T]) -> _T:

@@ -29,7 +29,7 @@ from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.integrity.digests import file_digest
 from launcher.logs import get_logger
-from launcher.rundir import CHECKPOINTS_DIR
+from launcher.rundir import CHECKPOINTS_DIR, PENDING_SUFFIX, harness_file
 from launcher.userpath import open_own
 
 log = get_logger("checkpoint")
@@ -261,5 +261,7 @@ def prune(run_dir: Path, keep: int, current: Path) -> None:
         if entry.name.startswith((TMP_PREFIX, OLD_PREFIX)):
             shutil.rmtree(entry, ignore_errors=True)
     for old in find_checkpoints(run_dir, warn=False, verify=False)[keep:]:
-        if old.path != current:
+        # An evaluation that has not read its checkpoint yet (launcher/harness/dispatch.py).
+        waited_for = harness_file(run_dir, old.step, PENDING_SUFFIX).exists()
+        if old.path != current and not waited_for:
             shutil.rmtree(old.path, ignore_errors=True)

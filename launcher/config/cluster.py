@@ -210,3 +210,9 @@ class ClusterConfig:
                     "holds a newline or another control character.",
                     "give each shell line as its own list item.",
                 )
+
+    @property
+    def schedules_jobs(self) -> bool:
+        """A scheduler runs the jobs (cluster=slurm): a checkpoint's evaluation is a job of its
+        own there, a process of the launcher's here (launcher/harness/dispatch.py)."""
+        return self.name == ClusterKind.slurm

@@ -101,6 +101,14 @@ class RootConfig:
                 "add data.val_path=FILE (tokens, hf, text) or data.holdout=N (the last N samples),"
                 " or set eval.every=0.",
             )
+        if self.eval.harness.every and not self.checkpoint.enabled:
+            raise ConfigError(
+                ["eval.harness.every", "checkpoint.enabled"],
+                "evaluation during training scores the run's checkpoints, and "
+                "checkpoint.enabled=false saves none.",
+                "set checkpoint.enabled=true, or eval.harness.every=0 (and run `launch eval RUN` "
+                "on a checkpoint later).",
+            )
         if self.checkpoint.async_ and self.engine.name == EngineName.deepspeed:
             raise ConfigError(
                 ["checkpoint.async", "engine"],

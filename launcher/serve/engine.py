@@ -212,6 +212,8 @@ class Engine:
         if request.echo:
             request.prompt_scores = score_prompt(logits, request.prompt_ids, request.logprobs or 0)
             logits = logits[-1]
+            if request.score_next is not None:
+                request.next_score = score(logits, request.score_next, request.logprobs or 0)
         if request.max_new_tokens == 0:  # scoring the prompt only (echo)
             self._retire(slot, request, "length")
             return True

@@ -25,6 +25,9 @@ class Request:
     """Score each generated token, with this many most likely alternatives (None: no scores)."""
     echo: bool = False
     """Score the prompt's tokens too (with `logprobs` alternatives, 0 when None)."""
+    score_next: int | None = None
+    """With echo: also score this token as the one after the prompt (in `next_score`): a
+    scored continuation's last token without generating it (launcher/harness/model.py)."""
     on_token: Callable[[Request], None] | None = None
     """Called (on the engine's thread) after each generated token (streaming)."""
     cancelled: bool = False
@@ -41,6 +44,8 @@ class Request:
     """Why the engine failed the request ("ExceptionType: message")."""
     prompt_scores: list[Scored] = field(default_factory=list)
     output_scores: list[Scored] = field(default_factory=list)
+    next_score: Scored | None = None
+    """`score_next`'s score after the prompt."""
     stop_token: int | None = None
     """The end-of-sequence token that ended the completion: generated (OpenAI-style servers
     count and score it) though in neither `output_ids` nor the text."""

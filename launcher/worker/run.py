@@ -21,6 +21,7 @@ from launcher.data.mixture import MixtureDataset
 from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.engines import build_engine
 from launcher.exit_codes import STOPPED_RESUMABLE
+from launcher.harness.dispatch import Evaluations
 from launcher.logs import get_logger, setup_logging
 from launcher.memory.auto import require_planned
 from launcher.memory.peak import PeakMeter, planned_peak_bytes
@@ -121,6 +122,9 @@ def train_rank(
     checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
     checkpoints.before_marker = save_pause(cfg, run_dir)
     checkpoints.base = base
+    evaluations = Evaluations(cfg, run_dir) if ctx.is_main and cfg.eval.harness.every else None
+    if evaluations is not None:
+        checkpoints.after_commit = evaluations.checkpoint_done
     # The measured peak of the first steps, against the plan (before a checkpoint is saved).
     planned = planned_peak_bytes(run_dir)
     meter = PeakMeter(ctx.device, engine.model, cfg.train.steps, planned, ctx.is_main)
@@ -202,6 +206,8 @@ def train_rank(
             else None
         ),
     )
+    if evaluations is not None:  # their records before the summary (bounded: eval.harness.wait_s)
+        evaluations.finish()
     tracker.finish(summary)
     if ctx.is_main:
         acc = f", eval exact-match {accuracy:.3f}" if accuracy is not None else ""
