@@ -76,9 +76,15 @@ def record_ended_jobs(sweep_dir: Path) -> list[str]:
 
 
 def _last_line(log: Path) -> str:
-    """ " (slurm-<job>.err: <its last line>)", or a pointer to where the log would be."""
+    """ " (slurm-<job>.err: its last line not srun's own)", or where the log would be."""
     try:
         lines = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln]
     except OSError:
         return f" (no {log.name})"
-    return f" ({log.name}: {lines[-1].strip()})" if lines else f" ({log.name} is empty)"
+    if not lines:
+        return f" ({log.name} is empty)"
+    # srun's own closing lines ("srun: error: n1: task 0: Exited ...", "srun: ... Terminating
+    # StepId=...") say that a task ended, not why, and their order varies: the job's last line of
+    # its own is the cause.
+    own = [ln for ln in lines if not ln.startswith("srun: ")]
+    return f" ({log.name}: {(own or lines)[-1].strip()})"

@@ -151,3 +151,17 @@ def test_a_job_that_ended_without_a_result_is_a_failed_point(tmp_path: Path) -> 
     point(sweep, "4", "24", {})
     assert summary_main([str(sweep)]) == 1
     assert find_points(sweep)[-1].status == Status.planned
+
+
+def test_a_failed_jobs_reason_is_its_own_last_line_not_sruns(tmp_path: Path) -> None:
+    from launcher.sweep.after_jobs import _last_line
+
+    log = tmp_path / "slurm-7.err"
+    log.write_text(
+        "bash: /x/no-python: No such file or directory\n"
+        "srun: error: n1: task 0: Exited with exit code 127\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=7.0\n"
+    )
+    assert _last_line(log) == " (slurm-7.err: bash: /x/no-python: No such file or directory)"
+    log.write_text("srun: error: n1: task 0: Exited with exit code 1\n")  # nothing else: kept
+    assert _last_line(log) == " (slurm-7.err: srun: error: n1: task 0: Exited with exit code 1)"
