@@ -13,6 +13,8 @@ from enum import Enum
 
 from launcher.config.checks import require_non_negative, require_positive
 from launcher.errors import ConfigError
+from launcher.rundir import SBATCH_FILE
+from launcher.secrets import redactor_for
 
 
 class ClusterKind(str, Enum):
@@ -216,3 +218,31 @@ class ClusterConfig:
         """A scheduler runs the jobs (cluster=slurm): a checkpoint's evaluation is a job of its
         own there, a process of the launcher's here (launcher/harness/dispatch.py)."""
         return self.name == ClusterKind.slurm
+
+
+def placement_options(cluster: ClusterConfig) -> list[str]:
+    """Where this user may run (partition, account, qos): the same for every job the launcher
+    submits (training, an evaluation, a sweep's summary)."""
+    options = [
+        f"--partition={cluster.partition}" if cluster.partition else None,
+        f"--account={cluster.account}" if cluster.account else None,
+        f"--qos={cluster.qos}" if cluster.qos else None,
+    ]
+    return [option for option in options if option is not None]
+
+
+def refuse_secrets(cluster: ClusterConfig, script: str, name: str = SBATCH_FILE) -> None:
+    """A credential (from the environment, or assigned in a setup line) must not reach the script
+    file `name`."""
+    secrets = redactor_for(script)
+    if secrets.text(script) == script:
+        return
+    keys = [
+        f"cluster.setup[{i}]" for i, line in enumerate(cluster.setup) if secrets.text(line) != line
+    ]
+    raise ConfigError(
+        keys or ["cluster"],
+        f"would write a credential into {name}.",
+        "export it in the shell that runs `launch` instead: sbatch passes the environment to the "
+        "job.",
+    )

@@ -12,14 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.config.cluster import placement_options, refuse_secrets
 from launcher.config.root import RootConfig
 from launcher.rundir import EVAL_DIR, harness_file
-from launcher.secrets import redactor_for
 from launcher.userpath import replace_own
 
 
 class SubmitFailed(RuntimeError):
-    """sbatch refused the evaluation job (or the script would hold a credential)."""
+    """sbatch refused the evaluation job or could not run (a credential in the script is
+    refuse_secrets' ConfigError, reported the same way: training goes on)."""
 
 
 def _directives(cfg: RootConfig, run_dir: Path, step: int) -> list[str]:
@@ -33,9 +34,7 @@ def _directives(cfg: RootConfig, run_dir: Path, step: int) -> list[str]:
         f"--cpus-per-task={cluster.cpus_per_task}" if cluster.cpus_per_task else None,
         f"--mem={cluster.mem}" if cluster.mem is not None else None,
         f"--time={cfg.eval.harness.time}",
-        f"--partition={cluster.partition}" if cluster.partition else None,
-        f"--account={cluster.account}" if cluster.account else None,
-        f"--qos={cluster.qos}" if cluster.qos else None,
+        *placement_options(cluster),
         f"--constraint={cluster.constraint}" if cluster.constraint else None,
         f"--output={logs}/slurm-%j.out",
         f"--error={logs}/slurm-%j.err",
@@ -64,11 +63,7 @@ def render_eval_sbatch(cfg: RootConfig, run_dir: Path, step: int, argv: list[str
             "",
         ]
     )
-    if redactor_for(script).text(script) != script:
-        raise SubmitFailed(
-            "the evaluation script would hold a credential (cluster.setup); export it in the "
-            "shell that runs `launch` instead."
-        )
+    refuse_secrets(cfg.cluster, script, f"{EVAL_DIR}/step_{step}.sbatch")
     return script
 
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.config.cluster import ClusterConfig
+from launcher.config.cluster import placement_options, refuse_secrets
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError, EnvironmentProblem
 from launcher.exit_codes import STOPPED_RESUMABLE
@@ -35,7 +35,6 @@ from launcher.rundir import (
 )
 from launcher.runners.base import Runner
 from launcher.runners.slurm_verify import verify_step
-from launcher.secrets import redactor_for
 from launcher.userpath import replace_own
 
 if TYPE_CHECKING:
@@ -94,9 +93,7 @@ def _directives(cfg: RootConfig, run_dir: Path) -> list[str]:
         f"--cpus-per-task={cluster.cpus_per_task}" if cluster.cpus_per_task else None,
         f"--mem={cluster.mem}" if cluster.mem is not None else None,
         f"--time={cluster.time}",
-        f"--partition={cluster.partition}" if cluster.partition else None,
-        f"--account={cluster.account}" if cluster.account else None,
-        f"--qos={cluster.qos}" if cluster.qos else None,
+        *placement_options(cluster),
         f"--constraint={cluster.constraint}" if cluster.constraint else None,
         f"--output={out}",
         f"--error={err}",
@@ -123,23 +120,6 @@ def _fill(template: str, values: dict[str, str]) -> str:
     if missing:
         raise RuntimeError(f"{TEMPLATE}: placeholders and values differ: {sorted(missing)}")
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
-
-
-def refuse_secrets(cluster: ClusterConfig, script: str, name: str = SBATCH_FILE) -> None:
-    """A credential (from the environment, or assigned in a setup line) must not reach the script
-    file `name`."""
-    secrets = redactor_for(script)
-    if secrets.text(script) == script:
-        return
-    keys = [
-        f"cluster.setup[{i}]" for i, line in enumerate(cluster.setup) if secrets.text(line) != line
-    ]
-    raise ConfigError(
-        keys or ["cluster"],
-        f"would write a credential into {name}.",
-        "export it in the shell that runs `launch` instead: sbatch passes the environment to the "
-        "job.",
-    )
 
 
 def _verify_step(cfg: RootConfig, verify_only: bool) -> str:

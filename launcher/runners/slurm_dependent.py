@@ -22,7 +22,7 @@ from typing import Literal
 from launcher.config.cluster import ClusterConfig
 from launcher.errors import EnvironmentProblem
 from launcher.rundir import dependent_files
-from launcher.runners.slurm import check_directive_path, refuse_secrets
+from launcher.runners.slurm import check_directive_path, placement_options, refuse_secrets
 from launcher.userpath import replace_own
 
 Condition = Literal["afterany", "afterok"]
@@ -76,9 +76,7 @@ def _directives(job: DependentJob, cluster: ClusterConfig) -> list[str]:
         "--ntasks=1",
         f"--cpus-per-task={job.cpus}",
         f"--time={job.time}",
-        f"--partition={cluster.partition}" if cluster.partition else None,
-        f"--account={cluster.account}" if cluster.account else None,
-        f"--qos={cluster.qos}" if cluster.qos else None,
+        *placement_options(cluster),
         f"--output={job.log_path()}",  # stderr too: one log
         "--no-requeue",
         # afterok on a failed job can never run: cancelled, not left pending for ever.

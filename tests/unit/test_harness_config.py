@@ -4,6 +4,9 @@ harness/<task>/<metric> numbers of metrics.jsonl; which checkpoints training eva
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import pytest
 
 from launcher.config.eval import HarnessConfig
@@ -58,3 +61,19 @@ def test_scores_flatten_to_numbers() -> None:
         "t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": "N/A", "em,strict": 1.0},
     }
     assert flat_scores(results) == {"harness/t/acc": 0.5, "harness/t/em/strict": 1.0}
+
+
+def test_the_eval_job_script_is_quoted_and_refuses_a_credential(tmp_path: Path) -> None:
+    from launcher.harness.slurm_job import render_eval_sbatch
+
+    base = ["cluster=slurm", "cluster.partition=gpu-a", "eval.harness.tasks=[a]"]
+    argv = [str(tmp_path / "run dir/checkpoints/step_2"), "eval.harness.tasks=[a]"]
+    script = render_eval_sbatch(compose_config(base), tmp_path, 2, argv)
+    assert "#SBATCH --partition=gpu-a\n" in script  # the cluster's placement, as training's
+    command = next(line for line in script.splitlines() if line.startswith("exec "))
+    assert shlex.split(command)[-2:] == argv  # every value quoted for the shell
+    typed = compose_config([*base, "cluster.setup=['export HF_TOKEN=hf_0123456789abcdef']"])
+    with pytest.raises(ConfigError) as info:
+        render_eval_sbatch(typed, tmp_path, 2, argv)
+    assert info.value.keys == ["cluster.setup[0]"]
+    assert "eval/step_2.sbatch" in str(info.value)
