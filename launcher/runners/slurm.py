@@ -87,8 +87,7 @@ def _directives(cfg: RootConfig, run_dir: Path) -> list[str]:
     out, err = slurm_logs(run_dir)
     options: list[str | None] = [
         f"--job-name={cluster.job_name}",
-        f"--nodes={_node_count(cfg)}",
-        "--ntasks-per-node=1",
+        *_node_options(cfg),
         f"--gpus-per-node={cluster.gpus_per_node}" if cluster.gpus_per_node else None,
         f"--cpus-per-task={cluster.cpus_per_task}" if cluster.cpus_per_task else None,
         f"--mem={cluster.mem}" if cluster.mem is not None else None,
@@ -105,14 +104,25 @@ def _directives(cfg: RootConfig, run_dir: Path) -> list[str]:
     return [f"#SBATCH {option}" for option in options if option is not None]
 
 
-def _node_count(cfg: RootConfig) -> str:
-    """sbatch's node count: N, or (elastic, parallel.min_nodes) the range MIN-N, so that a
-    requeued job (a node failed) starts on the nodes there are; its ranks derive the split for
-    the world they get (launcher/worker/elastic.py)."""
+def _node_options(cfg: RootConfig) -> list[str]:
+    """One task per node for N nodes; or (elastic, parallel.min_nodes) the range MIN-N, so that
+    a requeued job (a node failed) starts on the nodes there are, and its ranks derive the split
+    for the world they get (launcher/worker/elastic.py). A range alone starts on MIN nodes even
+    when N are idle (select/cons_tres takes the fewest nodes that hold the tasks), so the job
+    asks for N tasks spread over as many nodes as are free, at most ceil(N/MIN) on one node;
+    train.sbatch runs one task per allocated node whatever SLURM placed, and after a node failure
+    runs the step again on the nodes left (--no-kill)."""
     parallel = cfg.parallel
-    if parallel.elastic:
-        return f"{parallel.least_nodes}-{parallel.nodes}"
-    return str(parallel.nodes)
+    if not parallel.elastic:
+        return [f"--nodes={parallel.nodes}", "--ntasks-per-node=1"]
+    most_per_node = -(-parallel.nodes // parallel.least_nodes)
+    return [
+        f"--nodes={parallel.least_nodes}-{parallel.nodes}",
+        f"--ntasks={parallel.nodes}",
+        f"--ntasks-per-node={most_per_node}",
+        "--spread-job",
+        "--no-kill",  # a failed node leaves the job its other nodes (train.sbatch goes on there)
+    ]
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
@@ -149,6 +159,8 @@ def render_sbatch(cfg: RootConfig, run_dir: Path, verify_only: bool = False) -> 
         "port": str(cluster.port) if cluster.port is not None else DEFAULT_PORT,
         "max_restarts": str(cfg.train.max_restarts),
         "max_requeues": str(cluster.max_requeues),
+        # Not elastic: all of them, so a lost node ends the job (SLURM requeues it, or not).
+        "min_nodes": str(cfg.parallel.least_nodes) if cfg.parallel.elastic else '"$SLURM_NNODES"',
         "stopped_resumable": str(STOPPED_RESUMABLE),
         "stopped_file": shlex.quote(STOPPED_FILE),
         "setup": "\n".join(cluster.setup) if cluster.setup else "# (none)",

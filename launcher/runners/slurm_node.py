@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: list[str], run_dir: Path | None, node: str, scratch: Path | None) -> int:
     from launcher.runners.agent import blame, run_agent, write_failures
     from launcher.runners.watchdog import Watchdog, hang_exit_line
+    from launcher.tracking.run_end import write_hung_summary
 
     for sig in AGENT_IGNORES:
         signal.signal(sig, _ignore)
@@ -106,6 +107,8 @@ def _run(args: list[str], run_dir: Path | None, node: str, scratch: Path | None)
         return 0
     if isinstance(watchdog, Watchdog) and watchdog.hangs:
         print(f"error: {node}: {hang_exit_line(watchdog.hangs, HUNG)}", file=sys.stderr)
+        if run_dir is not None:
+            write_hung_summary(run_dir, watchdog.hangs[-1], HUNG)
         return HUNG
     if resumable(f.exitcode for f in failures):
         print(

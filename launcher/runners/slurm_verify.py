@@ -12,7 +12,8 @@ from __future__ import annotations
 _SPLIT_STEP = r"""VERIFY_DIR="$RUN_DIR"/verify/split
 "$PYTHON" -m launcher.verify.job prepare "$RUN_DIR" || exit 1
 VERIFY_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-srun --kill-on-bad-exit=1 ${SLURM_CPUS_PER_TASK:+--cpus-per-task=$SLURM_CPUS_PER_TASK} \
+srun --kill-on-bad-exit=1 --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 \
+    ${SLURM_CPUS_PER_TASK:+--cpus-per-task=$SLURM_CPUS_PER_TASK} \
     "$PYTHON" -m launcher.runners.slurm_node \
     --nnodes="$SLURM_NNODES" --nproc_per_node="$RANKS_PER_NODE" --max_restarts=0 \
     --rdzv_backend=c10d --rdzv_endpoint="$VERIFY_HEAD:$(( RDZV_PORT + 1 ))" \

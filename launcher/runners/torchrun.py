@@ -125,6 +125,7 @@ def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
     from launcher.runners.agent import blame, run_agent, write_failures
     from launcher.runners.signals import StopAtOnce, forward_stop_signals
     from launcher.runners.watchdog import Watchdog, hang_exit_line
+    from launcher.tracking.run_end import write_hung_summary
 
     assert argv[0] == TORCHRUN, argv
     clear_rank_errors(run_dir)
@@ -147,6 +148,7 @@ def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
     if failures and watchdog.hangs:
         write_failures(rank_failures_file(run_dir), failures)
         log.error(hang_exit_line(watchdog.hangs, HUNG))
+        write_hung_summary(run_dir, watchdog.hangs[-1], HUNG)
         return HUNG
     if failures:
         write_failures(rank_failures_file(run_dir), failures)

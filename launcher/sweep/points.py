@@ -20,6 +20,7 @@ from launcher.rundir import (
     STOPPED_FILE,
     SUMMARY_FILE,
 )
+from launcher.tracking.run_end import HUNG_STATUS
 
 CONFIG, PLAN, SUMMARY, METRICS, STOPPED, OVERRIDES = (
     CONFIG_FILE,
@@ -145,7 +146,10 @@ def read_point(path: Path, name: str) -> Point:
     if error is not None:
         status = Status.failed
     elif summary is not None:
-        status = Status.stopped if summary.get("status") == "stopped" else Status.ok
+        ended = str(summary.get("status"))
+        status = {"stopped": Status.stopped, HUNG_STATUS: Status.failed}.get(ended, Status.ok)
+        if ended == HUNG_STATUS:
+            error = f"hung: see {(summary.get('hang') or {}).get('report', 'hang_report.txt')}"
     elif (path / STOPPED).is_file():
         status = Status.stopped
     elif metrics:

@@ -9,7 +9,7 @@ one line what changed, with a record in events.jsonl:
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,13 +17,14 @@ from launcher.config.root import RootConfig
 from launcher.distributed import DistContext, check_world_size
 from launcher.events import record_event
 from launcher.logs import get_logger
-from launcher.rundir import METRICS_FILE
+from launcher.tracking.run_end import last_logged_step
 from launcher.worker.stop import requeued_by_slurm, restart_attempt
 
 if TYPE_CHECKING:
     from launcher.checkpoint.resume import ResumeState
 
 log = get_logger("elastic")
+LOST_NODES_ENV = "LAUNCHER_LOST_NODES"
 
 
 def config_for_world(cfg: RootConfig, ctx: DistContext) -> RootConfig:
@@ -36,20 +37,6 @@ def config_for_world(cfg: RootConfig, ctx: DistContext) -> RootConfig:
             return cfg.on_nodes(nodes)
     check_world_size(ctx, parallel.dp, parallel.nodes)
     return cfg
-
-
-def _last_logged_step(run_dir: Path) -> int:
-    last = 0
-    try:
-        lines = (run_dir / METRICS_FILE).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return 0
-    for line in lines:
-        try:
-            last = max(last, int(json.loads(line)["step"]))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return last
 
 
 def announce_restart(
@@ -69,7 +56,7 @@ def announce_restart(
     dp0 = int(before.get("dp", planned.split().dp))
     accum0 = int(before.get("grad_accum", planned.split().grad_accum))
     step = resumed.step if resumed is not None else 0
-    redone = max(0, _last_logged_step(run_dir) - step)
+    redone = max(0, last_logged_step(run_dir) - step)
     nodes = cfg.parallel.nodes
     changes = (
         f"dp {dp0} -> {split.dp}, grad_accum {accum0} -> {split.grad_accum}"
@@ -77,10 +64,13 @@ def announce_restart(
         else f"dp {split.dp}, grad_accum {split.grad_accum}"
     )
     where = f"from step {step}" if resumed is not None else "from the start"
+    # train.sbatch names the nodes SLURM removed from the job before it ran the step again.
+    lost = os.environ.get(LOST_NODES_ENV, "")
     verb = "restarted" if restarted else "started"
     log.warning(
         f"{verb} on {nodes} node{'s' if nodes != 1 else ''} ({changes}), {where}"
         + (f"; {redone} step(s) redone" if redone else "")
+        + (f"; lost node(s): {lost}" if lost else "")
     )
     return record_event(
         run_dir,
@@ -95,4 +85,5 @@ def announce_restart(
         previous={"dp": dp0, "grad_accum": accum0},
         from_step=step,
         steps_redone=redone,
+        **({"lost_nodes": lost.split(",")} if lost else {}),
     )

@@ -98,8 +98,12 @@ def stop_on_signals() -> Iterator[StopFlag]:
 
 
 def restart_attempt() -> int:
-    """torchrun's restart count for this worker (0: the job's first attempt)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    """How many times this job's ranks started before in this allocation (0: the first attempt):
+    torchrun's restarts, plus train.sbatch's relaunches of the step after a lost node."""
+    return sum(
+        int(os.environ.get(name, "0") or 0)
+        for name in ("TORCHELASTIC_RESTART_COUNT", "LAUNCHER_STEP_RELAUNCHES")
+    )
 
 
 def requeued_by_slurm() -> bool:

@@ -12,7 +12,7 @@ from launcher.events import read_events
 from launcher.exit_codes import HUNG
 from launcher.rundir import HANG_REPORT_FILE
 from tests.e2e.test_resume import DP2, Launch, rank_process
-from tests.helpers import FAST
+from tests.helpers import FAST, read_summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 
@@ -56,3 +56,9 @@ def test_a_stopped_rank_is_named_with_the_stacks_and_the_job_ends_hung(tmp_path:
     assert hang["ranks"] == [1] and hang["stopped"] == [1]
     assert hang["hang_timeout"] == HANG_TIMEOUT
     assert 4 <= hang["steps"]["1"] < 200
+
+    # No rank lived to write summary.json: the agent's side wrote it, with the hang.
+    summary = read_summary(run_dir)
+    assert (summary["status"], summary["exit_status"]) == ("hung", HUNG), summary
+    assert summary["hang"]["ranks"] == [1] and summary["events"][-1]["event"] == "hang", summary
+    assert 4 <= summary["steps"] < 200, summary

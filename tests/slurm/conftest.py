@@ -4,13 +4,15 @@ coverage is never green."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -28,6 +30,31 @@ JOB = [
     "batch.micro_size=2",
     "cluster.time=00:10:00",
 ]
+
+
+# `launch` submits the job and waits for it (sbatch --wait) while a test plays the scheduler.
+TRAIN_AND_WAIT = ["train", "cluster=slurm", "cluster.wait=true"]
+
+NODES_LOCK = Path("/tmp/launcher-test-slurm-nodes.lock")
+"""Every SLURM test holds it shared (the pytest workers' jobs share the nodes); a test that takes
+a node out of service (marker `takes_node_down`) holds it alone, so that no other test's job is on
+that node and no probe sees it drained."""
+
+
+@contextmanager
+def nodes_lock(exclusive: bool = False) -> Iterator[None]:
+    with NODES_LOCK.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _share_the_nodes(request: pytest.FixtureRequest) -> Iterator[None]:
+    with nodes_lock(exclusive=request.node.get_closest_marker("takes_node_down") is not None):
+        yield
 
 
 PROBE_TIMEOUT_S = 3.0
@@ -48,12 +75,13 @@ def cluster_probe() -> tuple[int, str]:
     if not Path(conf).is_file():
         return 0, f"no SLURM config at {conf} (SLURM_CONF)"
     try:
-        proc = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", "%N %T"],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-        )
+        with nodes_lock():  # not while a test has a node out of service
+            proc = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %T"],
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT_S,
+            )
     except subprocess.TimeoutExpired:
         return 0, f"`sinfo` did not answer within {PROBE_TIMEOUT_S:g} s (no controller running?)"
     except OSError as exc:

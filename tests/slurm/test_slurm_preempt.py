@@ -9,7 +9,7 @@ import pytest
 
 from launcher.exit_codes import STOPPED_RESUMABLE
 from tests.helpers import LAUNCH, REPO, max_rel_diff, read_metrics, read_summary, run_launch
-from tests.slurm.conftest import JOB, STEPS, job_id, job_log, steps_logged, wait_for
+from tests.slurm.conftest import JOB, STEPS, TRAIN_AND_WAIT, job_id, job_log, steps_logged, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
@@ -24,9 +24,7 @@ def test_preempted_job_requeues_resumes_and_honours_the_cap(
     two_nodes: int, reference_losses: list[float], tmp_path: Path
 ) -> None:
     args = [
-        "train",
-        "cluster=slurm",
-        "cluster.wait=true",
+        *TRAIN_AND_WAIT,
         "cluster.max_requeues=1",
         "parallel.nodes=2",
         "parallel.dp=2",

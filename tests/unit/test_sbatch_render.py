@@ -62,13 +62,18 @@ def test_job_shapes() -> None:
     )
     assert "#SBATCH --nodes=2\n" in text
     assert "#SBATCH --ntasks-per-node=1\n" in text
+    assert (
+        "#SBATCH --no-kill" not in text and 'MIN_NODES="$SLURM_NNODES"\n' in text
+    )  # a lost node ends it
     assert "#SBATCH --gpus-per-node=4\n" in text
     assert "RANKS_PER_NODE=4\n" in text
-    assert '--nnodes="$SLURM_NNODES" --nproc_per_node="$RANKS_PER_NODE"' in text
+    assert '--nnodes="$NODES" --nproc_per_node="$RANKS_PER_NODE"' in text
     assert "--rdzv_backend=c10d" in text and '--rdzv_endpoint="$HEAD_NODE:$RDZV_PORT"' in text
     assert "#SBATCH --signal=B:USR1@120\n" in text and "#SBATCH --requeue\n" in text
     assert f"#SBATCH --output={RUN_DIR}/slurm-%j.out\n" in text
-    assert "& \nSTEP=$!" not in text and "&\nSTEP=$!" in text  # the step runs in the background
+    assert (
+        "& \n    STEP=$!" not in text and "&\n    STEP=$!" in text
+    )  # the step runs in the background
     assert "trap 'stop_step USR1' USR1" in text and "trap 'stop_step TERM' TERM" in text
 
 
@@ -201,4 +206,8 @@ def test_an_elastic_job_asks_for_a_node_count_range_and_is_requeued() -> None:
     )
     text = render_sbatch(cfg, RUN_DIR)
     assert "#SBATCH --nodes=1-2\n" in text and "#SBATCH --requeue\n" in text
-    assert '--nnodes="$SLURM_NNODES"' in text  # the allocation's nodes, whatever SLURM gave
+    # Both nodes when both are free (a range alone starts on one), both tasks on one when not.
+    assert "#SBATCH --ntasks=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --spread-job\n" in text
+    assert 'srun --kill-on-bad-exit=1 --nodes="$NODES" --ntasks="$NODES"' in text
+    assert "NODES=$SLURM_NNODES\n" in text  # the allocation's nodes, whatever SLURM gave
+    assert "#SBATCH --no-kill\n" in text and "MIN_NODES=1\n" in text  # a lost node: go on

@@ -1,0 +1,43 @@
+"""What the run directory says of a run whose ranks could not say it: the last step it logged,
+and summary.json of a run the hang watchdog ended (its ranks were killed before rank 0 could write
+one), so that every ended run has a summary with its events."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from launcher.events import read_events
+from launcher.rundir import METRICS_FILE, SUMMARY_FILE
+from launcher.userpath.own import replace_own
+
+HUNG_STATUS = "hung"
+
+
+def last_logged_step(run_dir: Path) -> int:
+    """The highest step in metrics.jsonl (0: none); lines cut short by a kill are skipped."""
+    last = 0
+    try:
+        lines = (run_dir / METRICS_FILE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        try:
+            last = max(last, int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return last
+
+
+def write_hung_summary(run_dir: Path, hang: dict[str, Any], exit_status: int) -> dict[str, Any]:
+    """summary.json of a job the watchdog ended with no restart left; the values written."""
+    values = {
+        "steps": last_logged_step(run_dir),
+        "status": HUNG_STATUS,
+        "exit_status": exit_status,
+        "hang": hang,
+        "events": read_events(run_dir),
+    }
+    replace_own(run_dir / SUMMARY_FILE, json.dumps(values, indent=2, default=str) + "\n")
+    return values
