@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from launcher.config.cluster import placement_options, refuse_secrets
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError, EnvironmentProblem
-from launcher.exit_codes import STOPPED_RESUMABLE
+from launcher.exit_codes import FAILED, STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.memory.machine import MachineMemory
 from launcher.resources import sbatch_template
@@ -251,6 +251,11 @@ def submit(cfg: RootConfig, run_dir: Path, argv: list[str]) -> int:
         log.warning(f"stopped waiting; job {job_id} keeps running (scancel {job_id} ends it).")
         return 130
     words = proc.stderr.read().strip()
+    state = job_state(job_id) if code == 0 else None
+    if state in NOT_FINISHED_STATES:
+        # sbatch --wait reports 0 for a job cancelled before it started.
+        log.error(f"job {job_id} ended {state} before it finished the run; see {out}")
+        return FAILED
     if code == STOPPED_RESUMABLE:
         log.warning(
             f"job {job_id} stopped after saving a checkpoint and was not requeued; resume: sbatch "
@@ -262,3 +267,18 @@ def submit(cfg: RootConfig, run_dir: Path, argv: list[str]) -> int:
             f"{out} and {err}"
         )
     return code
+
+
+NOT_FINISHED_STATES = frozenset(
+    ("CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL")
+)
+"""Final states of a job that did not run to its end (squeue(1)'s JOB STATE CODES)."""
+
+
+def job_state(job_id: str) -> str | None:
+    """SLURM's state of a job (COMPLETED, CANCELLED, ...); None once it has forgotten it."""
+    proc = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False
+    )
+    found = re.search(r"\bJobState=(\S+)", proc.stdout)
+    return found.group(1) if proc.returncode == 0 and found else None

@@ -5,7 +5,8 @@ With train.hang_timeout > 0 each rank keeps `<run dir>/heartbeats/rank<r>.json` 
 host, pid, the step it is at, and the deadline by which it must next report (now +
 hang_timeout), or none while it is in a phase that the watchdog does not time: start-up and the
 first step of the process (model building, compilation, a resume), a checkpoint save, the end.
-A file write per optimizer step, atomic (written beside, then renamed), nothing collective.
+One file write per optimizer step (at its end, which sets the next step's deadline), atomic
+(written beside, then renamed), nothing collective.
 
 On SIGUSR2 the rank writes the Python stacks of all its threads into `rank<r>.stacks`
 (faulthandler: the kernel runs it even while the rank waits inside a collective).
@@ -50,6 +51,7 @@ class Heartbeat:
         self.rank, self.timeout_s, self.saves_after = rank, timeout_s, saves_after
         self.first: int | None = None
         self.step = 0
+        self.timed = False
         self.host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self._stacks: IO[str] | None = None
         self.beat(0, "start", timed=False)
@@ -62,7 +64,7 @@ class Heartbeat:
         faulthandler.register(DUMP_SIGNAL, file=self._stacks, all_threads=True)
 
     def beat(self, step: int, phase: str, timed: bool = True) -> None:
-        now, self.step = time.time(), step
+        now, self.step, self.timed = time.time(), step, timed
         record = {
             "rank": self.rank,
             "host": self.host,
@@ -84,8 +86,9 @@ class Heartbeat:
         if self.first is None:
             self.first = step  # warm-up: compilation, the first collectives, a resumed state
             self.beat(step - 1, "warmup", timed=False)
-        else:
-            self.beat(step - 1, "step")
+        elif not self.timed:
+            self.beat(step - 1, "step")  # after a save: timed again
+        # else the last step's beat set the deadline for this one: one write per step
 
     def after_step(self, step: int) -> None:
         saving = self.saves_after(step)

@@ -11,10 +11,11 @@ import pytest
 
 from launcher import commands
 from launcher.config.root import RootConfig
+from launcher.exit_codes import FAILED
 from launcher.runners import slurm as slurm_runner
 from tests.goldens import compose_config
-from tests.helpers import read_summary, run_launch
-from tests.slurm.conftest import JOB, cluster_nodes, job_id, job_log
+from tests.helpers import LAUNCH, REPO, read_summary, run_launch
+from tests.slurm.conftest import JOB, TRAIN_AND_WAIT, cluster_nodes, job_id, job_log, wait_for
 
 NO_SLURM_PATH = {"PATH": "/nonexistent"}  # `launch` runs as sys.executable; sbatch is not found
 
@@ -135,3 +136,35 @@ def test_train_submits_the_planned_script_once_and_leaves_the_lock_to_the_job(
     assert read_summary(run_dir)["steps"] == steps
     [log] = run_dir.glob("slurm-*.out")
     assert f"#SBATCH --output={log.parent}/slurm-%j.out" in (run_dir / "train.sbatch").read_text()
+
+
+@pytest.mark.slurm
+@pytest.mark.e2e
+def test_a_job_cancelled_before_it_starts_is_not_reported_as_success(
+    slurm_nodes: int, tmp_path: Path
+) -> None:
+    """sbatch --wait exits 0 for a job cancelled while it waited; `launch` asks SLURM instead."""
+    run_dir = tmp_path / "run"
+    launch = subprocess.Popen(
+        [
+            *LAUNCH,
+            *TRAIN_AND_WAIT,
+            "cluster.extra_directives=[--hold]",
+            *JOB,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: (run_dir / "slurm_job.json").exists(), "the job to be submitted")
+        job = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
+        subprocess.run(["scancel", str(job)], check=True)
+        out, _ = launch.communicate(timeout=60)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode == FAILED, out
+    assert f"job {job} ended CANCELLED before it finished the run" in out, out
