@@ -37,3 +37,14 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue  # a line cut short by a kill
     return events
+
+
+def blamed_hang(events: list[dict[str, Any]], since: float) -> dict[str, Any] | None:
+    """The first hang record since `since` that names a rank (a node's watchdog found it: the
+    other nodes' records of the same hang name none, their ranks only waited for it)."""
+    named = [
+        e
+        for e in events
+        if e.get("event") == "hang" and e.get("ranks") and float(e.get("time", 0)) >= since
+    ]
+    return named[0] if named else None

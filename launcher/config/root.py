@@ -77,6 +77,14 @@ class RootConfig:
                 "train.max_restarts=0 allows none.",
                 "set train.max_restarts=3 (or more), or drop parallel.min_nodes.",
             )
+        if self.parallel.elastic and self.verify.first:
+            raise ConfigError(
+                ["verify.first", "parallel.min_nodes"],
+                "verify.first certifies the planned split inside the job, but an elastic job "
+                "may start on fewer nodes, where that split does not run.",
+                "set verify.first=false, and certify the split before with `launch verify` and "
+                "the same overrides.",
+            )
         if self.parallel.elastic and not self.batch.auto:  # auto: the plan checks its choice
             self.check_elastic()
         if (self.parallel.replicate or 1) > 1 and self.engine.name != EngineName.fsdp:

@@ -34,6 +34,7 @@ from launcher.rundir import (
     write_slurm_job,
 )
 from launcher.runners.base import Runner
+from launcher.runners.slurm_nodes import cpus_option, elastic_values, node_options
 from launcher.runners.slurm_verify import verify_step
 from launcher.userpath import replace_own
 
@@ -87,9 +88,9 @@ def _directives(cfg: RootConfig, run_dir: Path) -> list[str]:
     out, err = slurm_logs(run_dir)
     options: list[str | None] = [
         f"--job-name={cluster.job_name}",
-        *_node_options(cfg),
+        *node_options(cfg),
         f"--gpus-per-node={cluster.gpus_per_node}" if cluster.gpus_per_node else None,
-        f"--cpus-per-task={cluster.cpus_per_task}" if cluster.cpus_per_task else None,
+        cpus_option(cfg),
         f"--mem={cluster.mem}" if cluster.mem is not None else None,
         f"--time={cluster.time}",
         *placement_options(cluster),
@@ -102,27 +103,6 @@ def _directives(cfg: RootConfig, run_dir: Path) -> list[str]:
         *cluster.extra_directives,
     ]
     return [f"#SBATCH {option}" for option in options if option is not None]
-
-
-def _node_options(cfg: RootConfig) -> list[str]:
-    """One task per node for N nodes; or (elastic, parallel.min_nodes) the range MIN-N, so that
-    a requeued job (a node failed) starts on the nodes there are, and its ranks derive the split
-    for the world they get (launcher/worker/elastic.py). A range alone starts on MIN nodes even
-    when N are idle (select/cons_tres takes the fewest nodes that hold the tasks), so the job
-    asks for N tasks spread over as many nodes as are free, at most ceil(N/MIN) on one node;
-    train.sbatch runs one task per allocated node whatever SLURM placed, and after a node failure
-    runs the step again on the nodes left (--no-kill)."""
-    parallel = cfg.parallel
-    if not parallel.elastic:
-        return [f"--nodes={parallel.nodes}", "--ntasks-per-node=1"]
-    most_per_node = -(-parallel.nodes // parallel.least_nodes)
-    return [
-        f"--nodes={parallel.least_nodes}-{parallel.nodes}",
-        f"--ntasks={parallel.nodes}",
-        f"--ntasks-per-node={most_per_node}",
-        "--spread-job",
-        "--no-kill",  # a failed node leaves the job its other nodes (train.sbatch goes on there)
-    ]
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
@@ -160,11 +140,11 @@ def render_sbatch(cfg: RootConfig, run_dir: Path, verify_only: bool = False) -> 
         "max_restarts": str(cfg.train.max_restarts),
         "max_requeues": str(cluster.max_requeues),
         # Not elastic: all of them, so a lost node ends the job (SLURM requeues it, or not).
-        "min_nodes": str(cfg.parallel.least_nodes) if cfg.parallel.elastic else '"$SLURM_NNODES"',
         "stopped_resumable": str(STOPPED_RESUMABLE),
         "stopped_file": shlex.quote(STOPPED_FILE),
         "setup": "\n".join(cluster.setup) if cluster.setup else "# (none)",
         "verify_first": _verify_step(cfg, verify_only),
+        **elastic_values(cfg),
     }
     script = _fill(TEMPLATE.read_text(encoding="utf-8"), values)
     refuse_secrets(cfg.cluster, script)

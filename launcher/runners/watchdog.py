@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from launcher.events import record_event
+from launcher.events import blamed_hang, read_events, record_event
 from launcher.logs import get_logger
 from launcher.rundir import HANG_REPORT_FILE, heartbeat_file, stacks_file
 from launcher.runners.signals import worker_processes
@@ -70,9 +70,14 @@ class Rank:
 
     @property
     def stopped(self) -> bool:
-        """Stopped (SIGSTOP, a debugger) or dead: it cannot write its own stack."""
-        state = self.kernel_state().get("State", "X")
-        return state[:1] in ("T", "t", "Z", "X")
+        """Stopped (SIGSTOP, a debugger): it cannot write its own stack."""
+        return self.kernel_state().get("State", "X")[:1] in ("T", "t")
+
+    @property
+    def dead(self) -> bool:
+        """Exited (a zombie until its agent reaps it): a failure torchrun's agent handles, not a
+        hang (e.g. a rank whose peer was just ended by another node's watchdog)."""
+        return self.kernel_state().get("State", "X")[:1] in ("Z", "X")
 
 
 def _rank_of(proc: psutil.Process) -> int | None:
@@ -128,7 +133,10 @@ class Watchdog:
             rank = self._ranks[proc.pid]
             beat = _read_beat(heartbeat_file(self.run_dir, rank)) if rank is not None else None
             if rank is not None and beat is not None and beat.get("pid") == proc.pid:
-                found.append(Rank(rank, proc, beat))
+                candidate = Rank(rank, proc, beat)
+                if candidate.dead:
+                    return []  # the node's ranks are ending: the agent restarts or stops them
+                found.append(candidate)
                 timeout = float(beat.get("timeout") or 0)
                 if timeout:
                     self.poll_s = max(0.1, min(2.0, timeout / 10))
@@ -137,6 +145,10 @@ class Watchdog:
     def fire(self, ranks: list[Rank]) -> None:
         stacks = self._dump_stacks(ranks)
         blamed = _blame(ranks, stacks)
+        if not blamed and _world_size(ranks) > len(ranks):
+            # All wait for a peer on another node: let that node's watchdog name the rank first
+            # (ending these ranks would end the job there before it could).
+            _wait_for_blame_elsewhere(self.run_dir, self._done)
         late = max(ranks, key=lambda r: r.late_s)
         timeout = float(late.beat.get("timeout") or 0)
         names = ", ".join(f"rank {r.rank} on {r.beat.get('host')}" for r in blamed)
@@ -202,6 +214,24 @@ class Watchdog:
         return stacks
 
 
+PEER_WAIT_S = 10.0
+"""How long a node whose ranks all wait for a peer gives the other nodes' watchdogs to name it."""
+
+
+def _world_size(ranks: list[Rank]) -> int:
+    with suppress(psutil.Error, ValueError):
+        return int(ranks[0].proc.environ().get("WORLD_SIZE", "0"))
+    return 0
+
+
+def _wait_for_blame_elsewhere(run_dir: Path, done: threading.Event) -> None:
+    since = time.time() - PEER_WAIT_S
+    deadline = time.monotonic() + PEER_WAIT_S
+    while time.monotonic() < deadline and not done.wait(0.2):
+        if blamed_hang(read_events(run_dir), since) is not None:
+            return
+
+
 def _in_collective(stack: str) -> bool:
     """Whether the main thread's innermost frames are a wait for peers (faulthandler names the
     thread that took the signal, the main thread, "Current thread")."""
@@ -248,9 +278,10 @@ def _report(line: str, ranks: list[Rank], blamed: list[Rank], stacks: dict[int, 
 
 def hang_exit_line(hangs: list[dict[str, Any]], code: int) -> str:
     last = hangs[-1]
-    ranks = ", ".join(str(r) for r in last["ranks"]) or "(on another node)"
+    ranks = ", ".join(str(r) for r in last["ranks"])
+    who = f"rank {ranks}" if ranks else "a rank on another node"
     return (
-        f"the job hung (rank {ranks}, train.hang_timeout={last['hang_timeout']:g} s) and no "
+        f"the job hung ({who}, train.hang_timeout={last['hang_timeout']:g} s) and no "
         f"restart was left: exit {code}. Report: {last['report']}; a rerun resumes from the last "
         "complete checkpoint."
     )

@@ -8,11 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from launcher.events import read_events
+from launcher.events import blamed_hang, read_events
 from launcher.rundir import METRICS_FILE, SUMMARY_FILE
 from launcher.userpath.own import replace_own
 
 HUNG_STATUS = "hung"
+SAME_HANG_S = 60.0
+"""Nodes' records of one hang are this close in time (each watchdog fires within its poll)."""
 
 
 def last_logged_step(run_dir: Path) -> int:
@@ -31,13 +33,18 @@ def last_logged_step(run_dir: Path) -> int:
 
 
 def write_hung_summary(run_dir: Path, hang: dict[str, Any], exit_status: int) -> dict[str, Any]:
-    """summary.json of a job the watchdog ended with no restart left; the values written."""
+    """summary.json of a job the watchdog ended with no restart left; the values written. `hang`
+    is this node's record; where it names no rank (all waited for a peer), another node's record
+    of the same hang that names one is taken instead."""
+    events = read_events(run_dir)
+    if not hang.get("ranks"):
+        hang = blamed_hang(events, float(hang.get("time", 0)) - SAME_HANG_S) or hang
     values = {
         "steps": last_logged_step(run_dir),
         "status": HUNG_STATUS,
         "exit_status": exit_status,
         "hang": hang,
-        "events": read_events(run_dir),
+        "events": events,
     }
     replace_own(run_dir / SUMMARY_FILE, json.dumps(values, indent=2, default=str) + "\n")
     return values

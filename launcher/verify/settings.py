@@ -75,6 +75,7 @@ def split_config(cfg: RootConfig) -> RootConfig:
             "max_restarts": 0,
             "log_every": max(cfg.verify.steps, 1),
         },
+        parallel={"min_nodes": None},  # the planned nodes: no restarts, so not elastic
         checkpoint={"enabled": False, "every": 0},
         eval={"every": 0},
         wandb={"mode": "disabled"},

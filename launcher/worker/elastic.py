@@ -64,8 +64,10 @@ def announce_restart(
         else f"dp {split.dp}, grad_accum {split.grad_accum}"
     )
     where = f"from step {step}" if resumed is not None else "from the start"
-    # train.sbatch names the nodes SLURM removed from the job before it ran the step again.
-    lost = os.environ.get(LOST_NODES_ENV, "")
+    # train.sbatch names the nodes SLURM removed from the job before it ran the step again (a
+    # later torchrun restart in that step has another cause).
+    first_in_step = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0
+    lost = os.environ.get(LOST_NODES_ENV, "") if first_in_step else ""
     verb = "restarted" if restarted else "started"
     log.warning(
         f"{verb} on {nodes} node{'s' if nodes != 1 else ''} ({changes}), {where}"

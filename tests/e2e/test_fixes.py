@@ -67,6 +67,14 @@ def _cases(d: dict[str, Path]) -> dict[str, list[str]]:
             *tiny,
         ],
         "batch_split": ["parallel.dp=3", "batch.global_size=4"],
+        "elastic_verify_first": [
+            "cluster=slurm",
+            "parallel.nodes=2",
+            "parallel.min_nodes=1",
+            "parallel.dp=2",
+            "train.max_restarts=1",
+            "verify.first=true",
+        ],
         "eval_without_heldout": [*tokens, "model.vocab_size=301", "eval.every=5", *tiny],
     }
 

@@ -1,6 +1,7 @@
 """An elastic job loses a node on the real cluster: SLURM removes it from the job, train.sbatch
 runs the step again on the node left, the ranks derive the split (dp 2 -> 1, more accumulation)
-and resume from the newest checkpoint, and the run ends on the uninterrupted trajectory."""
+and resume from the newest checkpoint; preempted then, the job is requeued onto the one node left
+(not held for the two it started on), and the run ends on the uninterrupted trajectory."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def test_a_lost_node_costs_a_restart_not_the_run(
 ) -> None:
     args = [
         *TRAIN_AND_WAIT,
+        "cluster.max_requeues=1",
         "parallel.nodes=2",
         "parallel.min_nodes=1",
         "parallel.dp=2",
@@ -74,6 +76,10 @@ def test_a_lost_node_costs_a_restart_not_the_run(
         assert len(nodes) == 2, f"the elastic job started on {nodes}, not on both idle nodes"
         lost = nodes[1]  # not the first node: it runs the batch script and the rendezvous
         take_down(lost)
+        wait_for(lambda: "restarted on 1 node" in job_log(tmp_path, job), "the relaunch")
+        relaunched_at = steps_logged(tmp_path)
+        wait_for(lambda: steps_logged(tmp_path) >= relaunched_at + 3, "steps on one node")
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)  # preempted
         out, _ = launch.communicate(timeout=240)
     finally:
         if launch.poll() is None:
@@ -84,7 +90,7 @@ def test_a_lost_node_costs_a_restart_not_the_run(
     assert launch.returncode == 0, out + log
     assert f"lost node(s) {lost}; the step runs again on {nodes[0]}" in log, log
     assert "restarted on 1 node (dp 2 -> 1, grad_accum 2 -> 4), from step 4" in log, log
-    assert "requeued 1 time" not in log, log  # the job kept its allocation
+    assert f"requeued 1 time(s), on {nodes[0]};" in log, log  # the one node there is
 
     steps = [m["step"] for m in read_metrics(tmp_path)]
     assert steps == list(range(1, STEPS + 1)), steps  # the redone steps logged once
@@ -92,7 +98,9 @@ def test_a_lost_node_costs_a_restart_not_the_run(
     assert max_rel_diff(losses, reference_losses) < 1e-5
     summary = read_summary(tmp_path)
     assert (summary["steps"], summary["world_size"], summary["grad_accum"]) == (STEPS, 1, 4)
-    (restart,) = [e for e in summary["events"] if e["event"] == "restart"]
-    assert restart["nodes"] == 1 and restart["planned_nodes"] == 2, restart
-    assert (restart["dp"], restart["grad_accum"], restart["from_step"]) == (1, 4, 4), restart
-    assert restart["lost_nodes"] == [lost] and restart["steps_redone"] >= 2, restart
+    relaunch, requeue = [e for e in summary["events"] if e["event"] == "restart"]
+    assert relaunch["nodes"] == 1 and relaunch["planned_nodes"] == 2, relaunch
+    assert (relaunch["dp"], relaunch["grad_accum"], relaunch["from_step"]) == (1, 4, 4), relaunch
+    assert relaunch["lost_nodes"] == [lost] and relaunch["steps_redone"] >= 2, relaunch
+    assert not relaunch["requeued"] and requeue["requeued"], requeue  # the job kept its nodes
+    assert requeue["nodes"] == 1 and "lost_nodes" not in requeue, requeue

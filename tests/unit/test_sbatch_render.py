@@ -211,3 +211,18 @@ def test_an_elastic_job_asks_for_a_node_count_range_and_is_requeued() -> None:
     assert 'srun --kill-on-bad-exit=1 --nodes="$NODES" --ntasks="$NODES"' in text
     assert "NODES=$SLURM_NNODES\n" in text  # the allocation's nodes, whatever SLURM gave
     assert "#SBATCH --no-kill\n" in text and "MIN_NODES=1\n" in text  # a lost node: go on
+    # SLURM pins a started job to the nodes it got: a requeue asks for the range again.
+    assert 'scontrol update JobId="$SLURM_JOB_ID" NumNodes=1-2 NumTasks=2' in text
+    assert '--max_restarts="$(( TORCHRUN_RESTARTS - RELAUNCHES ))"' in text  # one budget
+
+
+def test_an_elastic_job_asks_for_cpus_per_node() -> None:
+    """N tasks of C CPUs would not fit MIN nodes (a node holds several of them): C per node."""
+    cfg = slurm_config(
+        parallel={"dp": 2, "nodes": 2, "min_nodes": 1},
+        train={"max_restarts": 1},
+        cluster={"cpus_per_task": 2},
+    )
+    text = render_sbatch(cfg, RUN_DIR)
+    assert "#SBATCH --mincpus=2\n" in text and "--cpus-per-task=2" not in text
+    assert "STEP_CPUS=$(tr , " in text and "${STEP_CPUS:+--cpus-per-task=$STEP_CPUS}" in text

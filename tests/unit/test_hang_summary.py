@@ -1,0 +1,33 @@
+"""summary.json of a job the hang watchdog ended: the step, the status, and the hang's record that
+names the rank, also when this node's ranks only waited for a peer on another node."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.events import record_event
+from launcher.exit_codes import HUNG
+from launcher.tracking.run_end import write_hung_summary
+
+
+def test_the_record_that_names_the_rank_is_the_summarys(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (1, 2, 3)) + '{"step": 4, '
+    )  # the last line cut short by the kill
+    old = record_event(tmp_path, "hang", ranks=[3], hosts=["n1"])  # an earlier attempt's
+    old_time = old["time"]
+    lines = (tmp_path / "events.jsonl").read_text().replace(str(old_time), str(old_time - 3600))
+    (tmp_path / "events.jsonl").write_text(lines)
+    waited = record_event(tmp_path, "hang", ranks=[], hosts=[])  # this node: all waited
+    named = record_event(tmp_path, "hang", ranks=[1], hosts=["n2"], stopped=[1])
+
+    values = write_hung_summary(tmp_path, waited, HUNG)
+    assert values == json.loads((tmp_path / "summary.json").read_text())
+    assert (values["status"], values["exit_status"], values["steps"]) == ("hung", HUNG, 3)
+    assert values["hang"] == named and len(values["events"]) == 3
+
+
+def test_a_record_that_names_the_rank_is_kept(tmp_path: Path) -> None:
+    own = record_event(tmp_path, "hang", ranks=[0], hosts=["n1"], stopped=[0])
+    assert write_hung_summary(tmp_path, own, HUNG)["hang"] == own
