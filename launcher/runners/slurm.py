@@ -139,7 +139,6 @@ def render_sbatch(cfg: RootConfig, run_dir: Path, verify_only: bool = False) -> 
         "port": str(cluster.port) if cluster.port is not None else DEFAULT_PORT,
         "max_restarts": str(cfg.train.max_restarts),
         "max_requeues": str(cluster.max_requeues),
-        # Not elastic: all of them, so a lost node ends the job (SLURM requeues it, or not).
         "stopped_resumable": str(STOPPED_RESUMABLE),
         "stopped_file": shlex.quote(STOPPED_FILE),
         "setup": "\n".join(cluster.setup) if cluster.setup else "# (none)",
