@@ -39,12 +39,17 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     return events
 
 
-def blamed_hang(events: list[dict[str, Any]], since: float) -> dict[str, Any] | None:
-    """The first hang record since `since` that names a rank (a node's watchdog found it: the
-    other nodes' records of the same hang name none, their ranks only waited for it)."""
+def blamed_hang(
+    events: list[dict[str, Any]], around: float, within: float
+) -> dict[str, Any] | None:
+    """The hang record nearest in time to `around` (at most `within` seconds off) that names a
+    rank: a node's watchdog found it; the other nodes' records of the same hang name none, their
+    ranks only waited for it."""
     named = [
         e
         for e in events
-        if e.get("event") == "hang" and e.get("ranks") and float(e.get("time", 0)) >= since
+        if e.get("event") == "hang"
+        and e.get("ranks")
+        and abs(float(e.get("time", 0)) - around) <= within
     ]
-    return named[0] if named else None
+    return min(named, key=lambda e: abs(float(e["time"]) - around)) if named else None

@@ -82,8 +82,9 @@ class RootConfig:
                 ["verify.first", "parallel.min_nodes"],
                 "verify.first certifies the planned split inside the job, but an elastic job "
                 "may start on fewer nodes, where that split does not run.",
-                "set verify.first=false, and certify the split before with `launch verify` and "
-                "the same overrides.",
+                "set verify.first=false, and certify the splits before with `launch verify` and "
+                "the same overrides, once per node count the job may run on (parallel.nodes=K "
+                "for each K down to parallel.min_nodes).",
             )
         if self.parallel.elastic and not self.batch.auto:  # auto: the plan checks its choice
             self.check_elastic()

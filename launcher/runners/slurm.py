@@ -233,7 +233,11 @@ def submit(cfg: RootConfig, run_dir: Path, argv: list[str]) -> int:
     state = job_state(job_id) if code == 0 else None
     if state in NOT_FINISHED_STATES:
         # sbatch --wait reports 0 for a job cancelled before it started.
-        log.error(f"job {job_id} ended {state} before it finished the run; see {out}")
+        log.error(
+            f"job {job_id} ended {state} before it finished the run (cancelled or ended by "
+            f"SLURM; its log, if it started: {out}). Fix: resubmit with sbatch {argv[-1]} (it "
+            "resumes from the newest complete checkpoint)."
+        )
         return FAILED
     if code == STOPPED_RESUMABLE:
         log.warning(

@@ -46,11 +46,15 @@ _ELASTIC_STEP_CPUS = (
 )
 # SLURM rewrites a started job's node count to the nodes it got (and its tasks to nodes x
 # --ntasks-per-node), so a requeued elastic job would wait for those: ask for the range again.
-_RESTORE_RANGE = """            for _ in 1 2 3 4 5 6; do
+_RESTORE_RANGE = """            RANGE_ASKED=
+            for _ in 1 2 3 4 5 6; do
                 scontrol update JobId="$SLURM_JOB_ID" NumNodes={range} NumTasks={tasks} \\
-                    2>/dev/null && break
+                    2>/dev/null && RANGE_ASKED=1 && break
                 sleep 0.5
-            done"""
+            done
+            [ -n "$RANGE_ASKED" ] || echo "launcher: the requeued job may wait for the nodes it" \\
+                "had; ask for the range: scontrol update JobId=$SLURM_JOB_ID NumNodes={range}" \\
+                "NumTasks={tasks}\""""
 
 
 def elastic_values(cfg: RootConfig) -> dict[str, str]:

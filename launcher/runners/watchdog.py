@@ -225,10 +225,9 @@ def _world_size(ranks: list[Rank]) -> int:
 
 
 def _wait_for_blame_elsewhere(run_dir: Path, done: threading.Event) -> None:
-    since = time.time() - PEER_WAIT_S
     deadline = time.monotonic() + PEER_WAIT_S
     while time.monotonic() < deadline and not done.wait(0.2):
-        if blamed_hang(read_events(run_dir), since) is not None:
+        if blamed_hang(read_events(run_dir), time.time(), PEER_WAIT_S) is not None:
             return
 
 

@@ -13,6 +13,14 @@ from launcher.rundir import METRICS_FILE, SUMMARY_FILE
 from launcher.userpath.own import replace_own
 
 HUNG_STATUS = "hung"
+UNMEASURED_KEYS = (
+    "final_loss",
+    "tokens_per_s",
+    "world_size",
+    "grad_accum",
+    "peak_memory_bytes",
+    "activation_bytes",
+)
 SAME_HANG_S = 60.0
 """Nodes' records of one hang are this close in time (each watchdog fires within its poll)."""
 
@@ -38,9 +46,11 @@ def write_hung_summary(run_dir: Path, hang: dict[str, Any], exit_status: int) ->
     of the same hang that names one is taken instead."""
     events = read_events(run_dir)
     if not hang.get("ranks"):
-        hang = blamed_hang(events, float(hang.get("time", 0)) - SAME_HANG_S) or hang
+        hang = blamed_hang(events, float(hang.get("time", 0)), SAME_HANG_S) or hang
     values = {
         "steps": last_logged_step(run_dir),
+        # The contract's keys of a completed run; no rank lived to measure them.
+        **dict.fromkeys(UNMEASURED_KEYS),
         "status": HUNG_STATUS,
         "exit_status": exit_status,
         "hang": hang,

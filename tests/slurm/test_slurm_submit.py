@@ -166,5 +166,10 @@ def test_a_job_cancelled_before_it_starts_is_not_reported_as_success(
     finally:
         if launch.poll() is None:
             launch.kill()
+            if (run_dir / "slurm_job.json").exists():  # never leave a held job in the queue
+                subprocess.run(
+                    ["scancel", str(json.loads((run_dir / "slurm_job.json").read_text())["job_id"])]
+                )
     assert launch.returncode == FAILED, out
     assert f"job {job} ended CANCELLED before it finished the run" in out, out
+    assert "Fix: resubmit with sbatch" in out, out

@@ -31,3 +31,10 @@ def test_the_record_that_names_the_rank_is_the_summarys(tmp_path: Path) -> None:
 def test_a_record_that_names_the_rank_is_kept(tmp_path: Path) -> None:
     own = record_event(tmp_path, "hang", ranks=[0], hosts=["n1"], stopped=[0])
     assert write_hung_summary(tmp_path, own, HUNG)["hang"] == own
+
+
+def test_the_contracts_keys_are_there_unmeasured(tmp_path: Path) -> None:
+    values = write_hung_summary(tmp_path, record_event(tmp_path, "hang", ranks=[0]), HUNG)
+    for key in ("final_loss", "tokens_per_s", "world_size", "grad_accum", "peak_memory_bytes"):
+        assert key in values and values[key] is None
+    assert values["steps"] == 0  # nothing logged
