@@ -18,13 +18,14 @@ from launcher.distributed import DistContext, check_world_size
 from launcher.events import record_event
 from launcher.logs import get_logger
 from launcher.tracking.run_end import last_logged_step
-from launcher.worker.stop import requeued_by_slurm, restart_attempt
+from launcher.worker.stop import requeued_by_slurm, restart_attempt, torchrun_restarts
 
 if TYPE_CHECKING:
     from launcher.checkpoint.resume import ResumeState
 
 log = get_logger("elastic")
 LOST_NODES_ENV = "LAUNCHER_LOST_NODES"
+"""Set by train.sbatch for a relaunched step: the nodes SLURM removed from the job."""
 
 
 def config_for_world(cfg: RootConfig, ctx: DistContext) -> RootConfig:
@@ -66,8 +67,7 @@ def announce_restart(
     where = f"from step {step}" if resumed is not None else "from the start"
     # train.sbatch names the nodes SLURM removed from the job before it ran the step again (a
     # later torchrun restart in that step has another cause).
-    first_in_step = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0
-    lost = os.environ.get(LOST_NODES_ENV, "") if first_in_step else ""
+    lost = os.environ.get(LOST_NODES_ENV, "") if torchrun_restarts() == 0 else ""
     verb = "restarted" if restarted else "started"
     log.warning(
         f"{verb} on {nodes} node{'s' if nodes != 1 else ''} ({changes}), {where}"

@@ -97,13 +97,19 @@ def stop_on_signals() -> Iterator[StopFlag]:
         yield flag
 
 
+STEP_RELAUNCHES_ENV = "LAUNCHER_STEP_RELAUNCHES"
+"""Set by train.sbatch: how many times it ran the training step again after a lost node."""
+
+
+def torchrun_restarts() -> int:
+    """torchrun's restart count for this worker within its step (0: torchrun's first start)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
 def restart_attempt() -> int:
     """How many times this job's ranks started before in this allocation (0: the first attempt):
     torchrun's restarts, plus train.sbatch's relaunches of the step after a lost node."""
-    return sum(
-        int(os.environ.get(name, "0") or 0)
-        for name in ("TORCHELASTIC_RESTART_COUNT", "LAUNCHER_STEP_RELAUNCHES")
-    )
+    return torchrun_restarts() + int(os.environ.get(STEP_RELAUNCHES_ENV, "0") or 0)
 
 
 def requeued_by_slurm() -> bool:
