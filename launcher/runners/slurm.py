@@ -137,7 +137,7 @@ def render_sbatch(cfg: RootConfig, run_dir: Path, verify_only: bool = False) -> 
         "python": shlex.quote(cluster.python or sys.executable),
         "ranks_per_node": str(cfg.parallel.ranks_per_node),
         "port": str(cluster.port) if cluster.port is not None else DEFAULT_PORT,
-        "max_restarts": str(cfg.train.max_restarts),
+        "max_restarts": str(cfg.restarts),
         "max_requeues": str(cluster.max_requeues),
         "stopped_resumable": str(STOPPED_RESUMABLE),
         "stopped_file": shlex.quote(STOPPED_FILE),
