@@ -52,11 +52,6 @@ def test_a_global_batch_past_an_epoch_says_so_once(chat: list[str], tmp_path: Pa
     assert "windows" not in proc.stdout  # one record per sequence: nothing packed
 
 
-def test_a_batch_within_an_epoch_is_quiet(chat: list[str], tmp_path: Path) -> None:
-    proc = run_launch([*chat, "batch.global_size=12"], tmp_path / "run")
-    assert "than an epoch" not in proc.stderr + proc.stdout
-
-
 def test_a_packed_run_says_its_windows(chat: list[str], tmp_path: Path) -> None:
     proc = run_launch([*chat, "data.packing=true", "batch.global_size=16"], tmp_path / "run")
     # The right answer from the cache itself: its records, their positions, their windows.
