@@ -124,6 +124,7 @@ class Plan:
                 f"{_mib(e['planned_peak_bytes'])} per rank"
                 for e in self.elastic
             ),
+            *(self.config.restarts_note() if self.config else []),
             *_beside_full(self.memory_plan, self.full_finetune),
             f"runner      {self.runner}",
         ]

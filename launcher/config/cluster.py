@@ -2,7 +2,8 @@
 
 Every SLURM value lands in train.sbatch. Values on `#SBATCH` lines are read by sbatch, which splits
 on blanks and treats `#` and quotes specially, so they are checked against a strict pattern here;
-values in the script body are also shell-quoted when rendered (launcher/runners/slurm.py).
+values in the script body are also shell-quoted when rendered. One module writes every #SBATCH
+line, under one rule: launcher/config/sbatch.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from launcher.config.checks import require_non_negative, require_positive
+from launcher.config.sbatch import MANAGED_DIRECTIVES, is_directive
 from launcher.errors import ConfigError
 from launcher.rundir import SBATCH_FILE
 from launcher.secrets import redactor_for
@@ -30,36 +32,7 @@ _LIST = re.compile(r"[A-Za-z0-9._,+-]{1,256}")  # partition, account, qos: names
 _CONSTRAINT = re.compile(r"[A-Za-z0-9._,&|*:()\[\]-]{1,256}")  # features: a100&ib, [rack1|rack2]
 _MEM = re.compile(r"[0-9]+[KMGT]?")
 _TIME = re.compile(r"(?:(?P<d>[0-9]+)-)?(?P<a>[0-9]+)(?::(?P<b>[0-9]+))?(?::(?P<c>[0-9]+))?")
-# A long option with an optional value; no blanks, quotes, '#', '\\', '$' or '`'.
-_DIRECTIVE = re.compile(r"--[A-Za-z][A-Za-z0-9-]*(?:=[^\s'\"\\#$`]+)?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-MANAGED_DIRECTIVES = {
-    "job-name": "cluster.job_name",
-    "nodes": "parallel.nodes",
-    "ntasks": "parallel.nodes (one task per node)",
-    "ntasks-per-node": "parallel.dp (one task per node runs torchrun)",
-    "gpus-per-node": "cluster.gpus_per_node",
-    "cpus-per-task": "cluster.cpus_per_task",
-    "mincpus": "cluster.cpus_per_task (per node in an elastic job)",
-    "spread-job": "parallel.min_nodes (an elastic job spreads its tasks over the nodes)",
-    "no-kill": "parallel.min_nodes (an elastic job goes on without a failed node)",
-    "mem": "cluster.mem",
-    "time": "cluster.time",
-    "partition": "cluster.partition",
-    "account": "cluster.account",
-    "qos": "cluster.qos",
-    "constraint": "cluster.constraint",
-    "output": "the run directory (slurm-<job id>.out)",
-    "error": "the run directory (slurm-<job id>.err)",
-    "open-mode": "the run directory (logs are appended across requeues)",
-    "signal": "cluster.signal_seconds",
-    "requeue": "cluster.max_requeues",
-    "no-requeue": "cluster.max_requeues=0",
-    "wait": "cluster.wait",
-    "array": "a sweep (`launch train -m`), which submits one job per point",
-}
-"""Options the launcher writes itself, and the setting that controls each."""
 
 
 def time_limit_seconds(value: str) -> int:
@@ -98,7 +71,7 @@ def _check_pattern(key: str, value: str | None, pattern: re.Pattern[str], allowe
 
 def _check_directive(index: int, text: str) -> None:
     key = f"cluster.extra_directives[{index}]"
-    if not _DIRECTIVE.fullmatch(text):
+    if not is_directive(text):
         raise ConfigError(
             key,
             f"{text!r} is not a single long sbatch option.",
@@ -221,17 +194,6 @@ class ClusterConfig:
         """A scheduler runs the jobs (cluster=slurm): a checkpoint's evaluation is a job of its
         own there, a process of the launcher's here (launcher/harness/dispatch.py)."""
         return self.name == ClusterKind.slurm
-
-
-def placement_options(cluster: ClusterConfig) -> list[str]:
-    """Where this user may run (partition, account, qos): the same for every job the launcher
-    submits (training, an evaluation, a sweep's summary)."""
-    options = [
-        f"--partition={cluster.partition}" if cluster.partition else None,
-        f"--account={cluster.account}" if cluster.account else None,
-        f"--qos={cluster.qos}" if cluster.qos else None,
-    ]
-    return [option for option in options if option is not None]
 
 
 def refuse_secrets(cluster: ClusterConfig, script: str, name: str = SBATCH_FILE) -> None:

@@ -18,7 +18,13 @@ from launcher.config.model import AUTO, BYTE_VOCAB, AnyModelConfig, ModelConfig
 from launcher.config.parallel import BatchConfig, ParallelConfig
 from launcher.config.serve import ServeConfig
 from launcher.config.tracking import TrackingConfig
-from launcher.config.train import CheckpointConfig, DebugConfig, OptimConfig, TrainConfig
+from launcher.config.train import (
+    CheckpointConfig,
+    DebugConfig,
+    OptimConfig,
+    TrainConfig,
+    elastic_restarts,
+)
 from launcher.config.verify import VerifyConfig
 from launcher.config.wandb import WandbConfig
 from launcher.errors import ConfigError
@@ -70,13 +76,7 @@ class RootConfig:
                 "add cluster=slurm, or set parallel.nodes=1 (or, to try an elastic job on this "
                 "machine, one torchrun agent per node, parallel.min_nodes=1).",
             )
-        if self.parallel.elastic and self.train.max_restarts == 0:
-            raise ConfigError(
-                ["parallel.min_nodes", "train.max_restarts"],
-                "an elastic job goes on after a lost node by restarting its ranks, and "
-                "train.max_restarts=0 allows none.",
-                "set train.max_restarts=3 (or more), or drop parallel.min_nodes.",
-            )
+        self._resolve_restarts()
         if self.parallel.elastic and self.verify.first:
             raise ConfigError(
                 ["verify.first", "parallel.min_nodes"],
@@ -125,6 +125,36 @@ class RootConfig:
                 "engine=deepspeed does not use (DeepSpeed saves its own format, synchronously).",
                 "set checkpoint.async=false, or use engine=fsdp or engine=ddp.",
             )
+
+    def _resolve_restarts(self) -> None:
+        """train.max_restarts=null (the default): 0, or for an elastic job the restarts it needs
+        (`elastic_restarts`); an explicit number stays, but an elastic job needs at least 1."""
+        parallel, train = self.parallel, self.train
+        if train.max_restarts is None:
+            train.max_restarts = elastic_restarts(parallel) if parallel.elastic else 0
+        elif parallel.elastic and train.max_restarts == 0:
+            raise ConfigError(
+                ["parallel.min_nodes", "train.max_restarts"],
+                "an elastic job goes on after a lost node by restarting its ranks, and "
+                "train.max_restarts=0 allows none.",
+                f"set train.max_restarts={elastic_restarts(parallel)} (or null, the elastic "
+                "default), or drop parallel.min_nodes.",
+            )
+
+    @property
+    def restarts(self) -> int:
+        """train.max_restarts as resolved: the restarts torchrun (and a SLURM job's relaunches
+        after a lost node) may make."""
+        return self.train.max_restarts or 0
+
+    def restarts_note(self) -> list[str]:
+        """`launch plan`'s line on an elastic job's restarts (none when not elastic)."""
+        if not self.parallel.elastic:
+            return []
+        return [
+            f"elastic     {self.restarts} restart(s) (train.max_restarts): each lost node or "
+            "failed rank uses one"
+        ]
 
     def replicas(self) -> int:
         """HSDP's replica groups: parallel.replicate, its default under FSDP, 1 otherwise."""

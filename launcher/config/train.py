@@ -5,9 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from launcher.config.checks import require_finite, require_non_negative, require_positive
 from launcher.errors import ConfigError
+
+if TYPE_CHECKING:
+    from launcher.config.parallel import ParallelConfig
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)(B?)\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
@@ -29,6 +33,17 @@ def parse_size(key: str, value: str | int) -> int:
     if size <= 0:
         raise ConfigError(key, f"must be positive, got {value!r}.", f"e.g. {key}=40GiB.")
     return size
+
+
+ELASTIC_RESTARTS = 3
+"""An elastic job's restarts when train.max_restarts is null: TorchElastic's customary
+`--max-restarts=3`, enough for a lost node and a crash or two besides."""
+
+
+def elastic_restarts(parallel: ParallelConfig) -> int:
+    """train.max_restarts=null on an elastic job: ELASTIC_RESTARTS, or one per node it may lose
+    (parallel.nodes - parallel.min_nodes) when that is more, since each lost node costs one."""
+    return max(ELASTIC_RESTARTS, parallel.nodes - parallel.least_nodes)
 
 
 class Precision(str, Enum):
@@ -87,8 +102,11 @@ class TrainConfig:
     """auto: newest complete checkpoint in the run dir; never: start fresh; or a checkpoint path."""
     log_every: int = 10
     """Plain log line every N steps when output is not a terminal."""
-    max_restarts: int = 0
-    """torchrun elastic restarts after a rank dies (resume from the newest checkpoint)."""
+    max_restarts: int | None = None
+    """torchrun restarts after a rank dies (resume from the newest checkpoint); a SLURM elastic
+    job's relaunches after a lost node count against them too. null: 0, or for an elastic job
+    (parallel.min_nodes < parallel.nodes) ELASTIC_RESTARTS, or one per node it may lose when
+    that is more (`elastic_restarts`)."""
     hang_timeout: float = 900.0
     """Seconds a rank may go without finishing an optimizer step before the job is declared hung:
     the rank is named with its stack, every rank's stacks go to hang_report.txt, and the job ends
@@ -108,7 +126,8 @@ class TrainConfig:
         require_finite("train", self)
         require_positive("train.steps", self.steps)
         require_positive("train.log_every", self.log_every)
-        require_non_negative("train.max_restarts", self.max_restarts)
+        if self.max_restarts is not None:
+            require_non_negative("train.max_restarts", self.max_restarts)
         require_non_negative("train.hang_timeout", self.hang_timeout)
         require_positive("train.peak_flops", self.peak_flops, allow_none=True)
         if self.device not in ("auto", "cpu", "cuda"):

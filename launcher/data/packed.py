@@ -22,7 +22,9 @@ import numpy as np
 import torch
 
 from launcher.config.data import DataConfig
-from launcher.data.packing import packed_layout
+from launcher.config.records import CONCAT
+from launcher.data.notes import PackingFacts, concatenated, whole_records
+from launcher.data.packing import packed_layout, record_positions
 from launcher.data.records import PaddedRecords
 from launcher.data.sequence import IGNORE_INDEX, Sample, TokenDataset
 from launcher.data.tokens import PackedTokens
@@ -46,6 +48,8 @@ class PackedRecords:
         self.tokens, self.mask, self.offsets = tokens, mask, offsets
         self.order, self.starts = layout
         self.seq_len, self.pad_id = seq_len, pad_id
+        self.packing = whole_records(record_positions(offsets, seq_len), self.starts, seq_len)
+        """How many records went into how many windows, and the fill (launcher/data/notes.py)."""
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -81,6 +85,7 @@ class DocumentWindows:
 
     def __init__(self, windows: PackedTokens, offsets: np.ndarray) -> None:
         self.windows, self.offsets = windows, offsets
+        self.packing: PackingFacts | None = windows.packing
 
     def __len__(self) -> int:
         return len(self.windows)
@@ -128,4 +133,6 @@ def open_layout(
         assert mask is not None  # fine-tuning caches hold a mask
         return PaddedRecords(tokens, mask, offsets, seq_len, pad_id=pad_id)
     windows = PackedTokens(tokens, seq_len, mask, pad_id=pad_id)
+    how = "data.packing=concat" if cfg.packing == CONCAT else "documents concatenated"
+    windows.packing = concatenated(how, len(offsets) - 1, len(tokens), len(windows), seq_len)
     return DocumentWindows(windows, offsets) if cfg.document_masks else windows

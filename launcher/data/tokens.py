@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from launcher.data.notes import PackingFacts
 from launcher.data.sequence import IGNORE_INDEX, PAD_ID, Sample
 from launcher.errors import DataError, VocabTooSmall
 from launcher.integrity.token_scan import max_token_id
@@ -62,6 +63,9 @@ def check_vocab(key: str, path: Path, dtype: str, vocab_size: int) -> None:
 
 class PackedTokens:
     """Windows of seq_len + 1 tokens over a flat (memory-mapped) token array."""
+
+    packing: PackingFacts | None = None
+    """Records concatenated into these windows (a tokenized cache's): how many, and the fill."""
 
     def __init__(
         self, tokens: np.ndarray, seq_len: int, mask: np.ndarray | None = None, pad_id: int = PAD_ID

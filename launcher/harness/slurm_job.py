@@ -1,9 +1,9 @@
 """cluster=slurm: a checkpoint's evaluation as a job of its own (one node, one task, its own
 time limit), submitted by training's rank 0 once the checkpoint is complete, so that the
 training's ranks never wait for it. The script is <run dir>/eval/step_N.sbatch; its log is
-eval/slurm-<job>.out. Every value in the script body is shell-quoted; the #SBATCH values are the
-cluster.* ones, checked in launcher/config/cluster.py; no credential is written (sbatch passes
-the submitting environment to the job)."""
+eval/slurm-<job>.out. Every value in the script body is shell-quoted; the #SBATCH lines are
+written and checked by launcher/config/sbatch.py; no credential is written (sbatch passes the
+submitting environment to the job)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.config.cluster import placement_options, refuse_secrets
+from launcher.config.cluster import refuse_secrets
 from launcher.config.root import RootConfig
+from launcher.config.sbatch import SbatchJob, sbatch_directives
 from launcher.rundir import EVAL_DIR, harness_file
 from launcher.userpath import replace_own
 
@@ -23,24 +24,25 @@ class SubmitFailed(RuntimeError):
     refuse_secrets' ConfigError, reported the same way: training goes on)."""
 
 
-def _directives(cfg: RootConfig, run_dir: Path, step: int) -> list[str]:
+def _directives(cfg: RootConfig, run_dir: Path, step: int) -> str:
+    """One node, one task, one GPU on a GPU cluster, the node's CPUs and memory as training's."""
     cluster = cfg.cluster
     logs = run_dir / EVAL_DIR
-    options: list[str | None] = [
-        f"--job-name={cluster.job_name}-eval-{step}",
+    size = [
         "--nodes=1",
         "--ntasks=1",
         "--gpus-per-node=1" if cluster.gpus_per_node else None,
         f"--cpus-per-task={cluster.cpus_per_task}" if cluster.cpus_per_task else None,
-        f"--mem={cluster.mem}" if cluster.mem is not None else None,
-        f"--time={cfg.eval.harness.time}",
-        *placement_options(cluster),
-        f"--constraint={cluster.constraint}" if cluster.constraint else None,
-        f"--output={logs}/slurm-%j.out",
-        f"--error={logs}/slurm-%j.err",
-        "--no-requeue",
     ]
-    return [f"#SBATCH {option}" for option in options if option is not None]
+    job = SbatchJob(
+        name=f"{cluster.job_name}-eval-{step}",
+        time=cfg.eval.harness.time,
+        output=logs / "slurm-%j.out",
+        error=logs / "slurm-%j.err",
+        log_key="hydra.run.dir",
+        size=tuple(option for option in size if option is not None),
+    )
+    return sbatch_directives(job, cluster)
 
 
 def render_eval_sbatch(cfg: RootConfig, run_dir: Path, step: int, argv: list[str]) -> str:
@@ -52,7 +54,7 @@ def render_eval_sbatch(cfg: RootConfig, run_dir: Path, step: int, argv: list[str
             "#!/bin/bash",
             f"# Rendered by `launch` (eval.harness.every): lm-evaluation-harness on the checkpoint "
             f"of step {step}, scores in eval/step_{step}.json.",
-            *_directives(cfg, run_dir, step),
+            _directives(cfg, run_dir, step),
             "set -uo pipefail",
             "",
             "# --- set-up (cluster.setup)",

@@ -1,9 +1,9 @@
 """cluster=slurm: render <run dir>/train.sbatch from slurm/train.sbatch, and submit it with sbatch.
 
-Values on #SBATCH lines are validated (launcher/config/cluster.py and `check_slurm` here); values
-in the script body are shell-quoted. The environment is never copied into the script: sbatch
-passes the submitting shell's environment to the job (its default --export=ALL), so credentials
-reach the job without being written to disk.
+The #SBATCH lines are written and checked by launcher/config/sbatch.py (the one writer of them)
+from what this job asks for; values in the script body are shell-quoted. The environment is
+never copied into the script: sbatch passes the submitting shell's environment to the job (its
+default --export=ALL), so credentials reach the job without being written to disk.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.config.cluster import placement_options, refuse_secrets
+from launcher.config.cluster import refuse_secrets
 from launcher.config.root import RootConfig
+from launcher.config.sbatch import SbatchJob, check_directive_path, sbatch_directives
 from launcher.errors import ConfigError, EnvironmentProblem
 from launcher.exit_codes import FAILED, STOPPED_RESUMABLE
 from launcher.logs import get_logger
@@ -50,19 +51,6 @@ DEFAULT_PORT = "$(( 29500 + SLURM_JOB_ID % 1000 ))"
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _MEM = re.compile(r"^(\d+)([KMGT]?)$")
 _MEM_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "": 2**20}  # --mem: MiB by default
-# sbatch reads #SBATCH values itself: no blanks, quotes, '#', '\\', or '%' (its filename patterns).
-_UNSAFE_PATH = re.compile(r"[\s'\"\\#%\x00-\x1f\x7f]")
-
-
-def check_directive_path(directory: Path, key: str) -> None:
-    """A directory an #SBATCH line names (--output): sbatch cannot read some characters there."""
-    bad = _UNSAFE_PATH.search(str(directory))
-    if bad:
-        raise ConfigError(
-            key,
-            f"{str(directory)!r} has {bad.group()!r}, which an #SBATCH line cannot hold.",
-            "pick a directory without blanks, quotes, '#', '\\' or '%'.",
-        )
 
 
 def check_slurm(cfg: RootConfig, run_dir: Path) -> None:
@@ -83,26 +71,29 @@ def check_slurm(cfg: RootConfig, run_dir: Path) -> None:
         )
 
 
-def _directives(cfg: RootConfig, run_dir: Path) -> list[str]:
+def _directives(cfg: RootConfig, run_dir: Path) -> str:
+    """The training job: its nodes, GPUs and CPUs, the cluster's time, logs appended across
+    requeues, the stop signal before the time limit, requeued while cluster.max_requeues."""
     cluster = cfg.cluster
     out, err = slurm_logs(run_dir)
-    options: list[str | None] = [
-        f"--job-name={cluster.job_name}",
+    size = [
         *node_options(cfg),
         f"--gpus-per-node={cluster.gpus_per_node}" if cluster.gpus_per_node else None,
         cpus_option(cfg),
-        f"--mem={cluster.mem}" if cluster.mem is not None else None,
-        f"--time={cluster.time}",
-        *placement_options(cluster),
-        f"--constraint={cluster.constraint}" if cluster.constraint else None,
-        f"--output={out}",
-        f"--error={err}",
-        "--open-mode=append",  # a requeued run continues the same log files
-        f"--signal=B:USR1@{cluster.signal_seconds}" if cluster.signal_seconds else None,
-        "--requeue" if cluster.max_requeues else "--no-requeue",
-        *cluster.extra_directives,
     ]
-    return [f"#SBATCH {option}" for option in options if option is not None]
+    job = SbatchJob(
+        name=cluster.job_name,
+        time=cluster.time,
+        output=out,
+        error=err,
+        log_key="hydra.run.dir",
+        size=tuple(option for option in size if option is not None),
+        append_logs=True,
+        signal_seconds=cluster.signal_seconds,
+        requeue=bool(cluster.max_requeues),
+        extra=tuple(cluster.extra_directives),
+    )
+    return sbatch_directives(job, cluster)
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
@@ -132,12 +123,12 @@ def render_sbatch(cfg: RootConfig, run_dir: Path, verify_only: bool = False) -> 
             "Rendered by `launch` from slurm/train.sbatch; change the config, not this file. "
             f"Resubmit: sbatch {shlex.quote(str(run_dir / script_name))}"
         ),
-        "directives": "\n".join(_directives(cfg, run_dir)),
+        "directives": _directives(cfg, run_dir),
         "run_dir": shlex.quote(str(run_dir)),
         "python": shlex.quote(cluster.python or sys.executable),
         "ranks_per_node": str(cfg.parallel.ranks_per_node),
         "port": str(cluster.port) if cluster.port is not None else DEFAULT_PORT,
-        "max_restarts": str(cfg.train.max_restarts),
+        "max_restarts": str(cfg.restarts),
         "max_requeues": str(cluster.max_requeues),
         "stopped_resumable": str(STOPPED_RESUMABLE),
         "stopped_file": shlex.quote(STOPPED_FILE),

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from launcher.config.cluster import ClusterConfig
+from launcher.config.cluster import ClusterConfig, refuse_secrets
+from launcher.config.sbatch import SbatchJob, sbatch_directives
 from launcher.errors import EnvironmentProblem
 from launcher.rundir import dependent_files
-from launcher.runners.slurm import check_directive_path, placement_options, refuse_secrets
 from launcher.userpath import replace_own
 
 Condition = Literal["afterany", "afterok"]
@@ -66,36 +66,33 @@ class DependentJob:
         return dependent_files(self.directory.resolve(), self.name, job_id)[1]
 
 
-def _directives(job: DependentJob, cluster: ClusterConfig) -> list[str]:
+def _directives(job: DependentJob, cluster: ClusterConfig) -> str:
     # The cluster's partition, account and qos (where this user may run), none of the training
-    # job's size: one task, one node, a few minutes.
-    options: list[str | None] = [
-        f"--job-name={cluster.job_name}-{job.name}",
-        f"--dependency={job.dependency}",
-        "--nodes=1",
-        "--ntasks=1",
-        f"--cpus-per-task={job.cpus}",
-        f"--time={job.time}",
-        *placement_options(cluster),
-        f"--output={job.log_path()}",  # stderr too: one log
-        "--no-requeue",
-        # afterok on a failed job can never run: cancelled, not left pending for ever.
-        "--kill-on-invalid-dep=yes" if job.condition == "afterok" else None,
-        *job.extra_directives,
-    ]
-    return [f"#SBATCH {option}" for option in options if option is not None]
+    # job's size, memory or node features: one task, one node, a few minutes.
+    return sbatch_directives(
+        SbatchJob(
+            name=f"{cluster.job_name}-{job.name}",
+            time=job.time,
+            output=job.log_path(),  # stderr too: one log
+            log_key=job.key,
+            size=("--nodes=1", "--ntasks=1", f"--cpus-per-task={job.cpus}"),
+            node_resources=False,
+            dependency=job.dependency,
+            extra=tuple(job.extra_directives),
+        ),
+        cluster,
+    )
 
 
 def render_dependent(job: DependentJob, cluster: ClusterConfig) -> str:
     """The text of <directory>/<name>.sbatch."""
-    check_directive_path(job.directory.resolve(), job.key)
     python = cluster.python or sys.executable
     command = shlex.join([python, "-m", "launcher.cli", *job.launch_args])
     lines = [
         "#!/bin/bash",
         f"# Rendered by `launch`: runs `launch {job.launch_args[0]}` once job(s) "
         f"{', '.join(job.after)} ended ({job.condition}). Rerun by hand: {command}",
-        *_directives(job, cluster),
+        _directives(job, cluster),
         "",
         "set -uo pipefail",
         "",

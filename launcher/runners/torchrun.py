@@ -62,7 +62,7 @@ def torchrun_argv(cfg: RootConfig, run_dir: Path, worker: str = "launcher.worker
         TORCHRUN,
         *membership,
         f"--nproc_per_node={cfg.parallel.ranks_per_node}",
-        f"--max_restarts={cfg.train.max_restarts}",
+        f"--max_restarts={cfg.restarts}",
         f"--monitor_interval={MONITOR_INTERVAL_S}",
         f"--log-dir={run_dir / AGENT_DIR}",
         *signals,
@@ -76,7 +76,7 @@ def environment_additions(cfg: RootConfig) -> dict[str, str]:
     """What the ranks' environment gets on top of this one (unless already set); `launch plan`
     shows it next to the command."""
     extra = {**thread_environment(cfg), "PYTHONUNBUFFERED": "1"}
-    if cfg.train.max_restarts > 0:
+    if cfg.restarts > 0:
         # torchrun's shared rendezvous store keeps the killed ranks' addresses, and restarted
         # ranks would dial them (pytorch/pytorch#135712): give every attempt a fresh store.
         extra["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"

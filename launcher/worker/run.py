@@ -18,6 +18,7 @@ from launcher.config.model import blocks_path
 from launcher.config.root import RootConfig
 from launcher.data.build import Datasets, build_datasets, model_vocab, vocab_of
 from launcher.data.mixture import MixtureDataset
+from launcher.data.notes import announce_data
 from launcher.distributed import DistContext, init_distributed, teardown_distributed
 from launcher.engines import build_engine
 from launcher.exit_codes import STOPPED_RESUMABLE
@@ -117,6 +118,8 @@ def train_rank(
     seed_rank(cfg, ctx.rank)
     data = build_data(cfg, model)
     dataset = data.train
+    if ctx.is_main:  # small data told the truth: packing, a global batch past an epoch
+        announce_data(dataset, split.global_size)
     tracker = start_tracking(cfg, run_dir, ctx)
     trainer = Trainer(cfg, ctx, engine, dataset, tracker, loss_fn=loss_function(cfg))
     checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)

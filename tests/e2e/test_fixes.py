@@ -75,6 +75,13 @@ def _cases(d: dict[str, Path]) -> dict[str, list[str]]:
             "train.max_restarts=1",
             "verify.first=true",
         ],
+        "elastic_without_restarts": [
+            "cluster=slurm",
+            "parallel.nodes=2",
+            "parallel.min_nodes=1",
+            "parallel.dp=2",
+            "train.max_restarts=0",
+        ],
         "eval_without_heldout": [*tokens, "model.vocab_size=301", "eval.every=5", *tiny],
     }
 

@@ -16,7 +16,6 @@ def elastic(dp: int, nodes: int, min_nodes: int, global_size: int, micro: int) -
     return RootConfig(
         parallel=ParallelConfig(dp=dp, nodes=nodes, min_nodes=min_nodes),
         batch=BatchConfig(global_size=global_size, micro_size=micro),
-        train=TrainConfig(max_restarts=3),
         cluster=ClusterConfig(name=ClusterKind.slurm),
     )
 
@@ -48,5 +47,42 @@ def test_a_size_that_cannot_hold_the_global_batch_is_named() -> None:
 
 
 def test_an_elastic_job_needs_restarts() -> None:
-    with pytest.raises(ConfigError, match=r"train\.max_restarts"):
-        RootConfig(parallel=ParallelConfig(dp=2, nodes=2, min_nodes=1), batch=BatchConfig(8, 4))
+    """An explicit train.max_restarts=0 with parallel.min_nodes is refused, its Fix as printed."""
+    with pytest.raises(ConfigError, match=r"train\.max_restarts") as err:
+        RootConfig(
+            parallel=ParallelConfig(dp=2, nodes=2, min_nodes=1),
+            batch=BatchConfig(8, 4),
+            train=TrainConfig(max_restarts=0),
+        )
+    assert "train.max_restarts=3" in err.value.fix
+
+
+@pytest.mark.parametrize(
+    ("nodes", "min_nodes", "restarts"),
+    [(2, 1, 3), (4, 3, 3), (8, 1, 7), (6, 2, 4), (2, None, 0), (2, 2, 0)],
+)
+def test_max_restarts_null_gives_an_elastic_job_its_restarts(
+    nodes: int, min_nodes: int | None, restarts: int
+) -> None:
+    """The default (null): 0 when not elastic; else 3 (ELASTIC_RESTARTS), or one per node the job
+    may lose when that is more."""
+    cfg = RootConfig(
+        parallel=ParallelConfig(dp=nodes, nodes=nodes, min_nodes=min_nodes),
+        batch=BatchConfig(global_size=840, micro_size=1),
+        cluster=ClusterConfig(name=ClusterKind.slurm),
+    )
+    assert cfg.train.max_restarts == restarts and cfg.restarts == restarts
+    assert cfg.on_nodes(cfg.parallel.least_nodes).restarts == restarts  # kept on fewer nodes
+
+
+@pytest.mark.parametrize("explicit", [1, 5])
+def test_an_explicit_max_restarts_wins(explicit: int) -> None:
+    cfg = elastic(dp=2, nodes=2, min_nodes=1, global_size=8, micro=4)
+    assert cfg.restarts == 3
+    cfg = RootConfig(
+        parallel=ParallelConfig(dp=2, nodes=2, min_nodes=1),
+        batch=BatchConfig(8, 4),
+        train=TrainConfig(max_restarts=explicit),
+        cluster=ClusterConfig(name=ClusterKind.slurm),
+    )
+    assert cfg.restarts == explicit
