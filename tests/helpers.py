@@ -46,10 +46,13 @@ def run_launch(
 
     args = [*args, *([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])]
     extra = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
+    started = time.monotonic()
     with at_least(ranks_started_by(args)):
         if timeout is None and runs_in_process(args, env or {}, in_process):
             proc = completed(args, REPO, extra)
+            how = "in-process"
         else:
+            how = "subprocess"
             proc = subprocess.run(
                 [*LAUNCH, *args],
                 cwd=REPO,
@@ -58,12 +61,35 @@ def run_launch(
                 text=True,
                 timeout=300 if timeout is None else timeout,
             )
+    log_launch(args, how, time.monotonic() - started)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"launch {' '.join(args)} exited {proc.returncode}\n"
             f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
         )
     return proc
+
+
+LAUNCH_LOG_ENV = "LAUNCHER_TESTS_LAUNCH_LOG"
+"""A file to which every launch a test starts appends one JSON line (the test, the command, how it
+ran, the ranks it started, its seconds): counting a module's launches is how its cost is compared
+on a machine too busy for its timings to mean much (docs/development.md, Tests)."""
+
+
+def log_launch(args: list[str], how: str, seconds: float | None) -> None:
+    path = os.environ.get(LAUNCH_LOG_ENV)
+    if not path:
+        return
+    record = {
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
+        "command": args[0] if args else "",
+        "how": how,
+        "ranks": ranks_started_by(args),
+        "seconds": None if seconds is None else round(seconds, 2),
+        "args": args,
+    }
+    with open(path, "a") as log:
+        log.write(json.dumps(record) + "\n")
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -100,6 +126,7 @@ class BackgroundLaunch:
         own_session: bool = False,
     ) -> None:
         self.run_dir = run_dir
+        log_launch(args, "background", None)
         hold_at_least(ranks_started_by(args))
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
