@@ -22,7 +22,7 @@ from launcher.errors import LauncherError
 from launcher.exit_codes import ABORTED, CONFIG_ERROR
 from launcher.hydra_record import check_run_dir, explicit_run_dir, keep_record_on_refusal
 from launcher.lifetime import RunDirectoryBusy, exit_now
-from launcher.logs import get_logger, setup_logging
+from launcher.logs import get_logger, mark, setup_logging
 from launcher.resources import conf_dir
 from launcher.rundir import HYDRA_DIR, LOCK_FILE
 from launcher.sweep import job as sweep_job
@@ -97,6 +97,7 @@ def _discard_empty_run_dir(run_dir: Path) -> None:
 
 
 def _job(cfg: DictConfig, command: str) -> int:
+    mark("composed")
     setup_logging(0)
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -107,6 +108,7 @@ def _job(cfg: DictConfig, command: str) -> int:
             root = sweep_job.start_point(root, run_dir, Path(hydra_cfg.sweep.dir))
         from launcher import commands
 
+        mark("imported")
         if command == "plan":
             commands.plan_command(root, run_dir)
             return 0
@@ -220,6 +222,7 @@ def _hydra_entry(command: str, rest: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    mark("start")
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
