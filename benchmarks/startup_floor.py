@@ -16,7 +16,8 @@ import time
 def mark(phase: str) -> None:
     if os.environ.get("LAUNCHER_TIMINGS") == "1":
         rank = os.environ.get("RANK", "0")
-        sys.stderr.write(f"timing: rank{rank} {phase} {time.time():.6f}\n")
+        now, cpu = time.time(), time.process_time()
+        sys.stderr.write(f"timing: rank{rank} {phase} {now:.6f} {cpu:.6f}\n")
         sys.stderr.flush()
 
 

@@ -181,6 +181,7 @@ def train_rank(
             ctx.device,
             cfg.data,
             report=sys.stdout if ctx.is_main else None,
+            trained=cfg.train.steps * split.global_size,  # a short run: a short evaluation
         )
     shape = RunShape(
         world_size=ctx.world_size,
