@@ -20,9 +20,15 @@ from launcher.config.load import to_root_config
 from launcher.config.store import register_configs
 from launcher.errors import LauncherError
 from launcher.exit_codes import ABORTED, CONFIG_ERROR
-from launcher.hydra_record import check_run_dir, explicit_run_dir, keep_record_on_refusal
+from launcher.hydra_record import (
+    check_run_dir,
+    explicit_run_dir,
+    keep_record_on_refusal,
+    one_compose,
+    sets_mode,
+)
 from launcher.lifetime import RunDirectoryBusy, exit_now
-from launcher.logs import get_logger, setup_logging
+from launcher.logs import get_logger, mark, setup_logging
 from launcher.resources import conf_dir
 from launcher.rundir import HYDRA_DIR, LOCK_FILE
 from launcher.sweep import job as sweep_job
@@ -97,6 +103,7 @@ def _discard_empty_run_dir(run_dir: Path) -> None:
 
 
 def _job(cfg: DictConfig, command: str) -> int:
+    mark("composed")
     setup_logging(0)
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -107,6 +114,7 @@ def _job(cfg: DictConfig, command: str) -> int:
             root = sweep_job.start_point(root, run_dir, Path(hydra_cfg.sweep.dir))
         from launcher import commands
 
+        mark("imported")
         if command == "plan":
             commands.plan_command(root, run_dir)
             return 0
@@ -146,8 +154,9 @@ def _refuse(exc: LauncherError) -> NoReturn:
     sys.exit(exc.exit_code)
 
 
-def _check_command_line(command: str, rest: list[str]) -> None:
-    """--help, and the overrides checked against the schema and conf/ before Hydra composes."""
+def _check_command_line(command: str, rest: list[str]) -> bool:
+    """--help, and the overrides checked against the schema and conf/ before Hydra composes.
+    Returns whether the run's mode is known without composing (hydra_record.one_compose)."""
     from hydra._internal.utils import get_args_parser
 
     from launcher.config.overrides import check_overrides
@@ -167,6 +176,7 @@ def _check_command_line(command: str, rest: list[str]) -> None:
         )
     except LauncherError as exc:
         _refuse(exc)
+    return not own.any and not sets_mode(args.overrides)
 
 
 def _overrides_of(rest: list[str]) -> list[str]:
@@ -177,7 +187,7 @@ def _overrides_of(rest: list[str]) -> list[str]:
 
 def _hydra_entry(command: str, rest: list[str]) -> None:
     register_configs()
-    _check_command_line(command, rest)
+    mode_known = _check_command_line(command, rest)
 
     jobs_started: list[DictConfig] = []
     # Until a job starts, Hydra raises its errors (instead of printing several lines and exiting
@@ -198,7 +208,7 @@ def _hydra_entry(command: str, rest: list[str]) -> None:
     try:
         if run_dir is not None:
             check_run_dir(run_dir)
-        with keep_record_on_refusal(run_dir):
+        with keep_record_on_refusal(run_dir), one_compose(mode_known):
             entry()
     except LauncherError as exc:
         _refuse(exc)
@@ -220,6 +230,7 @@ def _hydra_entry(command: str, rest: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    mark("start")
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE, end="")

@@ -14,7 +14,7 @@ from pathlib import Path
 from launcher.checkpoint.preflight import start_fresh
 from launcher.config.root import RootConfig
 from launcher.lifetime import RunLock
-from launcher.logs import get_logger
+from launcher.logs import get_logger, mark
 from launcher.plan import Plan
 from launcher.prepare import prepare_run
 from launcher.rundir import CONFIG_FILE, PLAN_FILE
@@ -42,6 +42,7 @@ def train_command(cfg: RootConfig, run_dir: Path) -> int:
         cfg, runner, plan = prepare_run(cfg, run_dir, lock)
         log.info(plan.describe())
         log.info(f"run directory: {run_dir}")
+        mark("planned")
         start_fresh(cfg, run_dir)  # train.resume=never: a new wandb run (and overwrite=true)
         if cfg.verify.first and not runner.verifies_in_job:  # else the job does (train.sbatch)
             from launcher.verify.command import verify_before_training

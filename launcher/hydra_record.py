@@ -1,5 +1,6 @@
-"""An explicit `hydra.run.dir` checked before Hydra touches it, and an existing run's Hydra record
-(`.hydra/`) kept when the launcher refuses the command.
+"""An explicit `hydra.run.dir` checked before Hydra touches it, an existing run's Hydra record
+(`.hydra/`) kept when the launcher refuses the command, and one composition of the config per
+command instead of Hydra's two.
 
 Hydra writes `.hydra/config.yaml` and `overrides.yaml` into the run directory before the launcher
 can validate anything (or find the directory locked by a running run). A refused command must
@@ -77,3 +78,33 @@ def keep_record_on_refusal(run_dir: Path | None) -> Iterator[None]:
             raise
     finally:
         shutil.rmtree(backup, ignore_errors=True)
+
+
+MODE_KEYS = ("hydra.mode", "hydra/")
+"""Overrides that may set hydra.mode: the key itself, or one of Hydra's own config groups."""
+
+
+def sets_mode(overrides: list[str]) -> bool:
+    """Whether an override may set hydra.mode (Hydra's whole section, the key, a hydra/ group)."""
+    keys = [text.lstrip("+~").partition("=")[0].strip() for text in overrides]
+    return any(key == "hydra" or key.startswith(MODE_KEYS) for key in keys)
+
+
+@contextmanager
+def one_compose(mode_known: bool) -> Iterator[None]:
+    """Hydra composes the whole config once only to read `hydra.mode`, then again for the job
+    (each about 0.2 s). When nothing can set hydra.mode (mode_known: no config directory of the
+    user's, no override of it, and conf/ sets it nowhere, which tests/unit/test_startup_imports.py
+    checks), that first answer is known: None, the mode then being the command line's (-m or
+    not). Inside this context Hydra gives it without composing."""
+    if not mode_known:
+        yield
+        return
+    from hydra._internal.hydra import Hydra
+
+    read_mode = Hydra.get_mode
+    Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Hydra.get_mode = read_mode  # type: ignore[method-assign]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from launcher.errors import LauncherError
+from launcher.logs import mark
 from launcher.rundir import LOCK_FILE
 from launcher.userpath import open_own
 
@@ -124,6 +125,7 @@ def exit_now(code: int) -> NoReturn:
     logging's flush; then stdout and stderr flushed), but without the interpreter's own shutdown,
     which for a process that imported torch takes seconds of garbage collection and finalising
     modules and does nothing a run needs. For `launch` and the ranks, after their work is done."""
+    mark("exit")
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
     if run_exit_handlers is not None:
         with suppress(Exception):

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 
 from launcher.secrets import redact
 
 LOGGER_NAME = "launcher"
+
+TIMINGS_ENV = "LAUNCHER_TIMINGS"
+"""Set to 1 (benchmarks/startup.py does): `launch` and every rank print `timing: <who> <phase>
+<unix time> <process CPU seconds>` on stderr as they pass the points of start-up
+(docs/development.md)."""
 
 
 class _Formatter(logging.Formatter):
@@ -45,3 +52,14 @@ def setup_logging(rank: int = 0) -> logging.Logger:
 
 def get_logger(name: str = "") -> logging.Logger:
     return logging.getLogger(f"{LOGGER_NAME}.{name}" if name else LOGGER_NAME)
+
+
+def mark(phase: str) -> None:
+    """With LAUNCHER_TIMINGS=1 in the environment, one line on stderr: this process's rank
+    (`launch` for the launching process), the phase just reached, the wall-clock time and the
+    CPU time this process has used. Otherwise nothing: the cost of one environment lookup."""
+    if os.environ.get(TIMINGS_ENV) == "1":
+        who = f"rank{os.environ['RANK']}" if "RANK" in os.environ else "launch"
+        now, cpu = time.time(), time.process_time()
+        sys.stderr.write(f"timing: {who} {phase} {now:.6f} {cpu:.6f}\n")  # one write: one line
+        sys.stderr.flush()

@@ -7,6 +7,8 @@ closed files, and only then renamed into place: a crash at any point leaves the 
 checkpoint intact. With checkpoint.async=true the state is copied on the training thread and the
 rest finished by launcher/checkpoint/background.py. Nothing here unpickles code: RNG files are
 read with torch.load(weights_only=True), DCP through launcher/engines/dcp.py, the rest is JSON.
+DCP itself is imported by the engine that writes or reads it, never here: a run that saves
+nothing does not pay for it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher.checkpoint.background import (
     FAILURE_WAIT_S,
@@ -31,7 +32,7 @@ from launcher.checkpoint.background import (
     checkpoint_group,
     finish_after_failure,
 )
-from launcher.checkpoint.collective import barrier, worst_status
+from launcher.checkpoint.collective import agree, attempt, barrier
 from launcher.checkpoint.compat import fingerprint
 from launcher.checkpoint.files import (
     ENGINE_DIR,
@@ -48,7 +49,6 @@ from launcher.checkpoint.files import (
 )
 from launcher.checkpoint.resume import ResumeState, load_resume_state
 from launcher.checkpoint.rng import rng_state
-from launcher.checkpoint.space import is_disk_full, no_space_left, written_path
 from launcher.config.root import RootConfig
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.integrity.data import data_identity
@@ -157,9 +157,7 @@ class Checkpointer:
         # Every rank's files are closed before the marker lists them; a failed write on any rank
         # (a full disk) fails the save on every rank, and the last complete checkpoint stays.
         self._agree(
-            self._attempt(
-                lambda: self._write_rank_files(tmp, lambda d: engine.save_checkpoint(d, meta))
-            ),
+            attempt(lambda: self._write_rank_files(tmp, lambda d: engine.save_checkpoint(d, meta))),
             tmp,
         )
         self._complete(tmp, final, meta, started, None)
@@ -184,10 +182,10 @@ class Checkpointer:
             write = lambda d: engine.save_checkpoint_async(d, group)  # noqa: E731
             writing.append(self._write_rank_files(tmp, write))
 
-        self._agree(self._attempt(start), tmp)
+        self._agree(attempt(start), tmp)
 
         def finish() -> None:
-            self._agree(self._attempt(lambda: _written(writing[0])), tmp, group)
+            self._agree(attempt(lambda: _written(writing[0])), tmp, group)
             self._complete(tmp, final, meta, started, group)
 
         return BackgroundSave(step, final, finish)
@@ -222,7 +220,7 @@ class Checkpointer:
         if self.ctx.is_main:
             if self.before_marker is not None:
                 self.before_marker(meta["step"])
-            error = self._attempt(lambda: self._write_marker(tmp, meta, meta["step"]))
+            error = attempt(lambda: self._write_marker(tmp, meta, meta["step"]))
         self._agree(error, tmp, group)
         if self.ctx.is_main:
             commit(tmp, final)
@@ -251,30 +249,12 @@ class Checkpointer:
         record = {"step": step, **manifest(tmp)}
         write_synced(tmp / MARKER, json.dumps(record, indent=2) + "\n")
 
-    @staticmethod
-    def _attempt(write: Callable[[], None]) -> BaseException | None:
-        try:
-            write()
-        except (Exception, CheckpointException) as exc:  # (a BaseException): see _agree
-            return exc
-        return None
-
     def _agree(
         self, error: BaseException | None, tmp: Path, group: dist.ProcessGroup | None = None
     ) -> None:
-        """Collective over `group`: go on when every rank's write succeeded; otherwise remove the
-        partial save and raise on every rank (NoSpaceLeft when the disk is full)."""
-        status = 0 if error is None else 2 if is_disk_full(error, self.root) else 1
-        status = worst_status(status, self.ctx.device, group)
-        if status == 0:
-            return
-        if self.ctx.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if status == 2:
-            raise no_space_left(written_path(error, tmp), self.run_dir) from None
-        if error is not None:
-            raise error
-        raise RuntimeError(f"saving {tmp} failed on another rank (its error is reported there).")
+        """Collective over `group`: every rank's write succeeded, or every rank raises
+        (launcher/checkpoint/collective.py)."""
+        agree(error, tmp, self.run_dir, self.ctx.device, self.ctx.is_main, group)
 
     def _meta(self, step: int) -> dict[str, Any]:
         split = self.cfg.split()

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.checkpoint.api import CheckpointException
 
-from launcher.checkpoint.collective import every_rank
+from launcher.checkpoint.collective import attempt, every_rank, is_dcp_error
 from launcher.checkpoint.compat import check_compatible
 from launcher.checkpoint.files import (
     ENGINE_DIR,
@@ -76,7 +75,7 @@ def load_resume_state(
 def load_cause(exc: BaseException) -> str:
     """The first line of what went wrong; for DCP's gathered errors, the first rank's."""
     failures = getattr(exc, "failures", None)
-    if isinstance(exc, CheckpointException) and isinstance(failures, dict) and failures:
+    if is_dcp_error(exc) and isinstance(failures, dict) and failures:
         first = next(iter(failures.values()))
         exc = first[0] if isinstance(first, tuple) else first
     lines = str(exc).strip().splitlines()
@@ -93,15 +92,18 @@ def _load(ckpt: Checkpoint, cfg: RootConfig, ctx: DistContext, engine: Engine) -
     problem = damaged_file(ckpt.path) if ctx.is_main else None
     if not every_rank(problem is None, ctx.device):
         return problem or "it is damaged (found by rank 0)"
-    try:
+
+    def load() -> None:
         engine.load_checkpoint(ckpt.path / ENGINE_DIR)
         rng_file = ckpt.path / RNG_DIR / f"rank_{ctx.rank}.pt"
         if ckpt.meta.get("world_size") == ctx.world_size:
             set_rng_state(torch.load(rng_file, weights_only=True), ctx.device)
         else:
             reseed(cfg.train.seed, ctx.rank, ckpt.step)
-    except (Exception, CheckpointException) as exc:  # damaged files: every rank learns below
-        problem = f"it could not be loaded ({load_cause(exc)})"
+
+    error = attempt(load)  # damaged files (DCP's gathered error too): every rank learns below
+    if error is not None:
+        problem = f"it could not be loaded ({load_cause(error)})"
     if every_rank(problem is None, ctx.device):
         return None
     return problem or "it could not be loaded on another rank"

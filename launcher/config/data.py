@@ -135,7 +135,8 @@ class DataConfig:
     eval_problems: int | None = None
     """Held-out problems scored by exact match of greedy decoding at the end (reverse, jsonl).
     null: 256 held out, all scored for a model decoded with a KV cache (the built-in GPT,
-    transformers), the first 32 for any other (each new token reruns the whole sequence)."""
+    transformers), the first 32 for any other (each new token reruns the whole sequence); never
+    more than the run trained on (train.steps x batch.global_size sequences)."""
 
     def __post_init__(self) -> None:
         # Built in code (tests, a user's script) the enums may come as their strings.
@@ -278,9 +279,12 @@ class DataConfig:
         """The problems held out for the exact-match evaluation (and reverse's val_loss)."""
         return self.eval_problems or HELD_OUT_PROBLEMS
 
-    def scored_problems(self, cached: bool) -> int:
+    def scored_problems(self, cached: bool, trained: int | None = None) -> int:
         """How many held-out problems the end-of-training evaluation decodes: data.eval_problems,
-        else all of them, or UNCACHED_EVAL_PROBLEMS without a KV cache (cached=False)."""
+        else all of them, or UNCACHED_EVAL_PROBLEMS without a KV cache (cached=False), and never
+        more than `trained`, the sequences the run trained on (train.steps x batch.global_size):
+        a short run's evaluation costs in proportion to the run."""
         if self.eval_problems is not None:
             return self.eval_problems
-        return HELD_OUT_PROBLEMS if cached else UNCACHED_EVAL_PROBLEMS
+        bound = HELD_OUT_PROBLEMS if cached else UNCACHED_EVAL_PROBLEMS
+        return bound if trained is None else max(1, min(bound, trained))

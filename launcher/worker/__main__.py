@@ -21,6 +21,9 @@ def _die_with_agent() -> None:
 def main(argv: list[str] | None = None, worker: str = "launcher.worker") -> int:
     """worker: the module whose `run_in_process(cfg, run_dir)` each rank runs (launcher.worker:
     training; launcher.verify.worker: `launch verify`'s ranks)."""
+    from launcher.logs import mark
+
+    mark("started")
     _die_with_agent()
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -34,10 +37,12 @@ def _main(argv: list[str] | None, worker: str = "launcher.worker") -> int:
 
     from launcher.config import load_config_file
     from launcher.errors import LauncherError
+    from launcher.logs import mark
 
     run_in_process = import_module(
         "launcher.worker.run" if worker == "launcher.worker" else worker
     ).run_in_process
+    mark("imported")
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print(f"usage: python -m {worker} <run dir>/config.yaml", file=sys.stderr)

@@ -5,7 +5,8 @@ scores and the key that sets how many, then its progress.
 
 Its cost is bounded by data.eval_problems: by default all 256 held-out problems for a model
 decoded with a KV cache (the built-in GPT, transformers models), the first 32 for any other model
-(no cache: each new token reruns the whole sequence).
+(no cache: each new token reruns the whole sequence), and never more than the sequences the run
+trained on (train.steps x batch.global_size), so that a short run's evaluation is short too.
 """
 
 from __future__ import annotations
@@ -24,15 +25,18 @@ EVAL_SLOTS = 16
 """Problems decoded at once (continuous batching; the answers do not depend on it)."""
 
 
-def announce(scored: int, held: int, cached: bool, chosen: bool) -> str:
-    """The line that says what the evaluation decodes, and the key that sets how much."""
+def announce(scored: int, held: int, cached: bool, chosen: bool, trained: int | None = None) -> str:
+    """The line that says what the evaluation decodes, and the key that sets how much. trained:
+    the sequences the run trained on, which bound the default."""
     of = f"{scored} of {held}" if scored < held else f"{scored}"
-    why = (
-        ""
-        if cached or chosen
-        else "; this model decodes without a KV cache (each token reruns the whole sequence), so "
-        "the default is bounded"
-    )
+    why = ""
+    if not chosen and trained is not None and scored == trained < held:
+        why = f"; by default no more than the {trained} sequences the run trained on"
+    elif not (cached or chosen):
+        why = (
+            "; this model decodes without a KV cache (each token reruns the whole sequence), so "
+            "the default is bounded"
+        )
     return (
         f"eval: exact match of greedy decoding on {of} held-out problems{why} "
         f"(data.eval_problems=N sets how many)"
@@ -47,11 +51,13 @@ def exact_match(
     device: torch.device,
     data: DataConfig | None = None,
     report: TextIO | None = None,
+    trained: int | None = None,
 ) -> float | None:
     """Fraction of the scored problems whose greedy continuation equals the expected completion.
 
     data: data.eval_problems bounds how many are scored (None: all). report: where rank 0 writes
-    the announcement and progress lines (None: silent)."""
+    the announcement and progress lines (None: silent). trained: the sequences the run trained on,
+    which bound the default number (None: no bound)."""
     if not problems:
         return None
     was_training = model.training
@@ -59,10 +65,10 @@ def exact_match(
     slots = min(EVAL_SLOTS, len(problems))
     adapter = adapter_for(model, slots, seq_len, device)
     cached = not isinstance(adapter, RecomputeAdapter)
-    scored = problems if data is None else problems[: data.scored_problems(cached)]
+    scored = problems if data is None else problems[: data.scored_problems(cached, trained)]
     if report is not None:
         chosen = data is None or data.eval_problems is not None
-        report.write(announce(len(scored), len(problems), cached, chosen) + "\n")
+        report.write(announce(len(scored), len(problems), cached, chosen, trained) + "\n")
     progress = EvalProgress(len(scored), report) if report is not None else None
     # Only problems whose answer fits the context can be answered (the last token is not fed).
     fits = [(p, a) for p, a in scored if len(p) + len(a) - 1 <= seq_len]

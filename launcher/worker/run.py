@@ -23,7 +23,7 @@ from launcher.distributed import DistContext, init_distributed, teardown_distrib
 from launcher.engines import build_engine
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.harness.dispatch import Evaluations
-from launcher.logs import get_logger, setup_logging
+from launcher.logs import get_logger, mark, setup_logging
 from launcher.memory.auto import require_planned
 from launcher.memory.peak import PeakMeter, planned_peak_bytes
 from launcher.models.adapted import base_identity, build_trained_model
@@ -141,6 +141,7 @@ def train_rank(
         trainer.callbacks.insert(1, EagerWhileMeasured(meter))  # after the meter opens
     if cfg.eval.every and data.val is not None:
         trainer.evaluate = Evaluator(cfg, ctx, engine, data.val)
+    mark("built")
     try:
         resumed = checkpoints.resume(restarted=restart_attempt() > 0 or requeued_by_slurm())
         if resumed is not None:
@@ -150,6 +151,7 @@ def train_rank(
         # training starts over from step 1) belong to a run that did not get to save them.
         tracker.rewind(resumed.step if resumed is not None else 0)
         trained = trainer.train(stop)
+        mark("trained")
         if heartbeat is not None:
             heartbeat.end()
         if not trained:
@@ -182,6 +184,7 @@ def train_rank(
             ctx.device,
             cfg.data,
             report=sys.stdout if ctx.is_main else None,
+            trained=cfg.train.steps * split.global_size,  # a short run: a short evaluation
         )
     shape = RunShape(
         world_size=ctx.world_size,
@@ -219,6 +222,7 @@ def train_rank(
             f"done: {trainer.step} steps, final loss {loss if loss is None else f'{loss:.4f}'}, "
             f"{summary.tokens_per_s:,.0f} tokens/s{acc}. Outputs in {run_dir}"
         )
+    mark("done")
     return summary
 
 
@@ -232,6 +236,7 @@ def run_worker(cfg: RootConfig, run_dir: Path) -> RunEnd:
         return StoppedRun()
     with stop_on_signals() as stop:
         ctx = init_distributed(cfg.train.device, cfg.train.process_group_timeout_s)
+        mark("initialized")
         setup_logging(ctx.rank)
         warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
         if ctx.is_main and restart_attempt() == 0:

@@ -252,3 +252,25 @@ def test_the_evaluation_says_what_it_scores_and_shows_progress(model: GPT) -> No
         "(data.eval_problems=N sets how many)"
     )
     assert chosen[-1].startswith("eval 5/5 problems,")
+
+
+def test_a_short_run_scores_no_more_problems_than_it_trained_on(model: GPT) -> None:
+    """Issue 43: the evaluation's cost follows the run's; data.eval_problems still wins."""
+    from launcher.worker.evaluate import exact_match
+
+    problems = [(bytes(p), bytes([1] * n)) for p, n in workload(40, seed=5)]
+    assert DataConfig().scored_problems(cached=True, trained=8) == 8
+    assert DataConfig().scored_problems(cached=True, trained=400) == 256
+    assert DataConfig().scored_problems(cached=False, trained=400) == 32
+    assert DataConfig(eval_problems=20).scored_problems(cached=True, trained=8) == 20
+    report = io.StringIO()
+    exact_match(model, problems, CONTEXT, torch.device("cpu"), DataConfig(), report, trained=8)
+    lines = report.getvalue().splitlines()
+    assert lines[0] == (
+        "eval: exact match of greedy decoding on 8 of 40 held-out problems; by default no more "
+        "than the 8 sequences the run trained on (data.eval_problems=N sets how many)"
+    )
+    assert lines[-1].startswith("eval 8/8 problems,")
+    report = io.StringIO()
+    exact_match(model, problems, CONTEXT, torch.device("cpu"), DataConfig(), report, trained=400)
+    assert report.getvalue().splitlines()[-1].startswith("eval 40/40 problems,")
