@@ -115,6 +115,10 @@ class Checkpointer:
         Returns once every save, an asynchronous one too, is complete."""
         if not self.enabled:
             return None
+        if self.trainer.step == 0 and self.last_saved is None:
+            # Nothing trained: the seed rebuilds this state, and an optimizer that never stepped
+            # has no state a later resume could load (a stop at step 0: an elastic re-rendezvous).
+            return None
         self.trainer.flush()
         self.wait()
         if self.last_saved is None or self.last_saved[0] != self.trainer.step:
@@ -129,13 +133,18 @@ class Checkpointer:
         saved = self.save_final()
         if self.ctx.is_main:
             write_stopped(self.run_dir, self.trainer.step, saved, reason)
-            where = f"saved {saved}" if saved else "nothing saved (checkpoint.enabled=false)"
+            where = f"saved {saved}" if saved else f"nothing saved ({self._unsaved_reason()})"
             log.warning(
                 f"stopped after step {self.trainer.step} of {self.cfg.train.steps}, {where}. "
                 f"Run the same command to resume (exit status {STOPPED_RESUMABLE})."
             )
         barrier()
         return saved
+
+    def _unsaved_reason(self) -> str:
+        if not self.enabled:
+            return "checkpoint.enabled=false"
+        return "no step was trained yet: the same command starts over"
 
     def save(self) -> Path:
         """Collective: save this step. With checkpoint.async=true the state is copied and the

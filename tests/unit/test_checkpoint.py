@@ -319,3 +319,19 @@ def test_a_longer_run_is_warned_about_once(
         f.write(bytes(100))
     [fallback] = steps_warnings(restarted=False)
     assert "step_2" in fallback
+
+
+def test_a_stop_before_the_first_step_saves_nothing_and_starts_over(
+    ctx: DistContext, tmp_path: Path
+) -> None:
+    # An elastic re-rendezvous can stop the ranks before step 1: the optimizer has no state yet,
+    # so a step-0 checkpoint could never be resumed (its optimizer keys are missing).
+    cfg = config(train={"steps": 2})
+    (tmp_path / "stopped").mkdir()
+    trainer = build_trainer(cfg, ctx, tmp_path / "stopped")
+    assert Checkpointer(cfg, tmp_path / "stopped", ctx, trainer).stop("SIGTERM") is None
+    assert find_checkpoints(tmp_path / "stopped" / "checkpoints") == []
+    trainer = build_trainer(cfg, ctx, tmp_path / "stopped")
+    checkpoints = Checkpointer(cfg, tmp_path / "stopped", ctx, trainer)
+    assert checkpoints.resume(restarted=True) is None
+    assert train(trainer, checkpoints, 2) == run(cfg, ctx, tmp_path / "straight")
