@@ -87,3 +87,18 @@ def test_a_later_phase_and_its_own_bound_move_the_deadline(tmp_path: Path) -> No
     waiting = live_rank(tmp_path, 0, start + 150, phase="harness wait", allow_s=60.0)
     assert held_ranks(tmp_path, [waiting], now=start + 150 + TIMEOUT + 59) is None
     assert held_ranks(tmp_path, [waiting], now=start + 150 + TIMEOUT + 61) is not None
+
+
+def test_a_ranks_end_phases_carry_what_the_watchdog_reads(tmp_path: Path) -> None:
+    from launcher.worker.heartbeat import Heartbeat
+
+    heartbeat = Heartbeat(tmp_path, 1, TIMEOUT, saves_after=lambda step: step >= STEPS)
+    heartbeat.end()
+    heartbeat.phase("evaluation", final_checkpoint="ck", steps=STEPS)
+    heartbeat.phase("harness wait", allow_s=30.0)
+    beat = json.loads(heartbeat.path.read_text())
+    assert (beat["phase"], beat["deadline"], beat["allow_s"]) == ("harness wait", None, 30.0)
+    assert (beat["ended"], beat["final_checkpoint"], beat["steps"]) == (True, "ck", STEPS)
+    heartbeat.exit(0)
+    beat = json.loads(heartbeat.path.read_text())
+    assert (beat["phase"], beat["status"], beat["final_checkpoint"]) == ("exit", 0, "ck")
