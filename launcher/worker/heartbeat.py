@@ -140,7 +140,10 @@ class Silent(Heartbeat):
     written."""
 
     def __init__(self) -> None:
-        self.facts = {}
+        self.step, self.facts = 0, {}
+
+    def phase(self, name: str, allow_s: float = 0.0, **facts: Any) -> None:
+        del name, allow_s, facts
 
     def beat(self, step: int, phase: str, timed: bool = True, **extra: Any) -> None:
         del step, phase, timed, extra

@@ -102,3 +102,16 @@ def test_a_ranks_end_phases_carry_what_the_watchdog_reads(tmp_path: Path) -> Non
     heartbeat.exit(0)
     beat = json.loads(heartbeat.path.read_text())
     assert (beat["phase"], beat["status"], beat["final_checkpoint"]) == ("exit", 0, "ck")
+
+
+def test_a_rank_no_watchdog_reads_writes_nothing_through_its_end(tmp_path: Path) -> None:
+    from launcher.worker.heartbeat import Silent
+
+    silent = Silent()  # train.hang_timeout=0, or the in-process run
+    silent.untimed_after(lambda step: False)
+    silent.before_step(1)
+    silent.after_step(1)
+    silent.end()
+    silent.phase("evaluation", final_checkpoint="ck", steps=1)
+    silent.exit(0)
+    assert not list(tmp_path.iterdir())
