@@ -71,7 +71,7 @@ class Held:
         return f"the run's work is not complete ({missing})"
 
 
-def _started(live: list[Rank]) -> float:
+def attempt_started(live: list[Rank]) -> float:
     """When this attempt's ranks started: exits recorded before are an earlier attempt's."""
     times = []
     for r in live:
@@ -84,7 +84,7 @@ def clean_exits(run_dir: Path, live: list[Rank]) -> list[dict[str, Any]]:
     """This attempt's ranks that exited with status 0 (any node's: the run directory is shared);
     a record of a process still running (it hangs in its interpreter's exit) does not count."""
     running = {(r.beat.get("host"), r.proc.pid) for r in live}
-    since = _started(live)
+    since = attempt_started(live)
     found = []
     for path in sorted((run_dir / HEARTBEATS_DIR).glob("rank*.json")):
         beat = read_beat(path)

@@ -38,7 +38,7 @@ from launcher.events import blamed_hang, read_events, record_event
 from launcher.logs import get_logger
 from launcher.rundir import HANG_REPORT_FILE, heartbeat_file, stacks_file
 from launcher.runners.hang_ranks import DUMP_WAIT_S, Rank, rank_of, read_beat, report_text
-from launcher.runners.held import Held, _started, held_line, held_ranks
+from launcher.runners.held import Held, attempt_started, held_line, held_ranks
 from launcher.runners.signals import worker_processes
 from launcher.userpath.own import open_own
 from launcher.worker.heartbeat import DUMP_SIGNAL
@@ -175,7 +175,7 @@ class Watchdog:
             phases={r.rank: r.beat.get("phase") for r in held.late},
             complete=complete,
             final_checkpoint=held.final_checkpoint,
-            since=_started(ranks),
+            since=attempt_started(ranks),
         )
         if complete and self._previous is not None:
             self._ending = True  # the agent would restart the ranks: end it instead
