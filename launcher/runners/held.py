@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from launcher.rundir import HEARTBEATS_DIR, SUMMARY_FILE
+from launcher.rundir import SUMMARY_FILE, heartbeat_files
 from launcher.runners.hang_ranks import Rank, read_beat
 from launcher.tracking.run_end import last_logged_step, write_hung_summary
 from launcher.userpath.own import replace_own
@@ -86,7 +86,7 @@ def clean_exits(run_dir: Path, live: list[Rank]) -> list[dict[str, Any]]:
     running = {(r.beat.get("host"), r.proc.pid) for r in live}
     since = attempt_started(live)
     found = []
-    for path in sorted((run_dir / HEARTBEATS_DIR).glob("rank*.json")):
+    for path in heartbeat_files(run_dir):
         beat = read_beat(path)
         if (
             beat is not None
