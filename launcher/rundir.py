@@ -142,6 +142,11 @@ def heartbeat_file(run_dir: Path, rank: int) -> Path:
     return run_dir / HEARTBEATS_DIR / f"rank{rank}.json"
 
 
+def heartbeat_files(run_dir: Path) -> list[Path]:
+    """Every rank's progress record there is (any node's: the run directory is shared)."""
+    return sorted((run_dir / HEARTBEATS_DIR).glob("rank*.json"))
+
+
 def stacks_file(run_dir: Path, rank: int) -> Path:
     """Where a rank's Python stacks go when it gets SIGUSR2 (faulthandler)."""
     return run_dir / HEARTBEATS_DIR / f"rank{rank}.stacks"

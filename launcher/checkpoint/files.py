@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.checkpoint.retention import past_keep
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.integrity.digests import file_digest
 from launcher.logs import get_logger
-from launcher.rundir import CHECKPOINTS_DIR, PENDING_SUFFIX, harness_file
+from launcher.rundir import CHECKPOINTS_DIR
 from launcher.userpath import open_own
 
 log = get_logger("checkpoint")
@@ -255,13 +256,12 @@ def commit(tmp: Path, final: Path) -> None:
 
 
 def prune(run_dir: Path, keep: int, current: Path) -> None:
-    """Keep the newest `keep` complete checkpoints; remove leftovers of interrupted saves."""
+    """Keep the newest `keep` complete checkpoints (and, within a bound, those an evaluation has
+    not read yet: launcher/checkpoint/retention.py); remove leftovers of interrupted saves."""
     root = checkpoints_dir(run_dir)
     for entry in root.iterdir():
         if entry.name.startswith((TMP_PREFIX, OLD_PREFIX)):
             shutil.rmtree(entry, ignore_errors=True)
-    for old in find_checkpoints(run_dir, warn=False, verify=False)[keep:]:
-        # An evaluation that has not read its checkpoint yet (launcher/harness/dispatch.py).
-        waited_for = harness_file(run_dir, old.step, PENDING_SUFFIX).exists()
-        if old.path != current and not waited_for:
-            shutil.rmtree(old.path, ignore_errors=True)
+    stale = find_checkpoints(run_dir, warn=False, verify=False)[keep:]
+    for path in past_keep(run_dir, [(c.step, c.path) for c in stale if c.path != current], keep):
+        shutil.rmtree(path, ignore_errors=True)

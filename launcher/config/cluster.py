@@ -115,8 +115,8 @@ class ClusterConfig:
     max_requeues: int = 3
     """slurm: requeue a stopped job at most this many times (SLURM_RESTART_COUNT counts them)."""
     port: int | None = None
-    """slurm: c10d rendezvous port on the first node (null: 29500 + job id % 1000, so that jobs
-    sharing a node differ)."""
+    """slurm: c10d rendezvous port on the first node (null: one free when the job starts, from
+    29500 + job id % 1000 up, so that jobs sharing a node differ)."""
     wait: bool = False
     """slurm: wait for the job to end (sbatch --wait) and exit with its status."""
     python: str | None = None

@@ -193,8 +193,13 @@ class DebugConfig:
     pause_save_at_step: int | None = None
     """Hold the save of this step before its completion record is written (rank 0 leaves
     save_paused.json in the run directory and waits forever), so a test can kill the run there."""
+    stop_at_end_on_rank: int | None = None
+    """This rank stops itself (SIGSTOP) once training and the final checkpoint are over, as a rank
+    wedged at the end of a run (evaluation, tracker, teardown) would hold the job."""
 
     def __post_init__(self) -> None:
         require_finite("debug", self)
         require_non_negative("debug.step_sleep_s", self.step_sleep_s)
         require_positive("debug.pause_save_at_step", self.pause_save_at_step, allow_none=True)
+        if self.stop_at_end_on_rank is not None:
+            require_non_negative("debug.stop_at_end_on_rank", self.stop_at_end_on_rank)

@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 log = get_logger("slurm")
 
 TEMPLATE = sbatch_template()  # slurm/train.sbatch, in the checkout or the installed package
-DEFAULT_PORT = "$(( 29500 + SLURM_JOB_ID % 1000 ))"
-"""cluster.port=null: a port per job, so that two jobs sharing a first node do not collide."""
+DEFAULT_PORT = '$("$PYTHON" -m launcher.runners.ports "$SLURM_JOB_ID")'
+"""cluster.port=null: a port per job, free when the job starts, so that two jobs sharing a first
+node do not collide (from 29500 + job id % 1000 up: launcher/runners/ports.py)."""
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _MEM = re.compile(r"^(\d+)([KMGT]?)$")

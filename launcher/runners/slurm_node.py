@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager, nullcontext, suppress
 from pathlib import Path
 from types import FrameType
 
-from launcher.exit_codes import FAILED, HUNG, STOPPED_RESUMABLE
+from launcher.exit_codes import COMPLETE_HELD, FAILED, HUNG, STOPPED_RESUMABLE
 from launcher.lifetime import RunDirectoryBusy, RunLock
 from launcher.rundir import AGENT_DIR, rank_failures_file
 
@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: list[str], run_dir: Path | None, node: str, scratch: Path | None) -> int:
     from launcher.runners.agent import blame, run_agent, write_failures
+    from launcher.runners.held import held_exit_line, write_held_summary
     from launcher.runners.watchdog import Watchdog, hang_exit_line
     from launcher.tracking.run_end import write_hung_summary
 
@@ -101,8 +102,14 @@ def _run(args: list[str], run_dir: Path | None, node: str, scratch: Path | None)
     watchdog: AbstractContextManager[object] = (
         Watchdog(run_dir) if run_dir is not None else nullcontext()
     )
+    failures = []
     with watchdog:
         failures = run_agent(torchrun_args([*log_dir, *args]))
+    held = watchdog.held_complete if isinstance(watchdog, Watchdog) else None
+    if held is not None and run_dir is not None:
+        print(f"error: {node}: {held_exit_line(held, COMPLETE_HELD)}", file=sys.stderr)
+        write_held_summary(run_dir, held, COMPLETE_HELD)
+        return COMPLETE_HELD
     if not failures:
         return 0
     if isinstance(watchdog, Watchdog) and watchdog.hangs:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.config.root import RootConfig
-from launcher.exit_codes import FAILED, HUNG, STOPPED_RESUMABLE
+from launcher.exit_codes import COMPLETE_HELD, FAILED, HUNG, STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.rundir import (
     AGENT_DIR,
@@ -118,11 +118,13 @@ def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
     """Run the planned torchrun command, in this process, with the planned environment additions.
 
     Exit status: 0, STOPPED_RESUMABLE after a graceful stop, 143 after a second SIGTERM, HUNG when
-    the hang watchdog ended the ranks and no restart was left, the status of the rank that failed
+    the hang watchdog ended the ranks and no restart was left, COMPLETE_HELD when it ended a rank
+    that held a run whose work was complete and saved, the status of the rank that failed
     first (named), or 1 when a signal ended it. A second Ctrl-C raises
     KeyboardInterrupt.
     """
     from launcher.runners.agent import blame, run_agent, write_failures
+    from launcher.runners.held import held_exit_line, write_held_summary
     from launcher.runners.signals import StopAtOnce, forward_stop_signals
     from launcher.runners.watchdog import Watchdog, hang_exit_line
     from launcher.tracking.run_end import write_hung_summary
@@ -131,6 +133,7 @@ def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
     clear_rank_errors(run_dir)
     clear_stopped(run_dir)
     rank_failures_file(run_dir).unlink(missing_ok=True)
+    failures = []
     try:
         with _environment(env), forward_stop_signals(), Watchdog(run_dir) as watchdog:
             failures = run_agent(argv[1:])
@@ -145,6 +148,10 @@ def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
         shutil.rmtree(run_dir / AGENT_DIR, ignore_errors=True)
     if read_stopped(run_dir) is not None:
         return STOPPED_RESUMABLE  # stopped on a signal after a checkpoint (rank 0 said where)
+    if watchdog.held_complete is not None:
+        log.error(held_exit_line(watchdog.held_complete, COMPLETE_HELD))
+        write_held_summary(run_dir, watchdog.held_complete, COMPLETE_HELD)
+        return COMPLETE_HELD
     if failures and watchdog.hangs:
         write_failures(rank_failures_file(run_dir), failures)
         log.error(hang_exit_line(watchdog.hangs, HUNG))

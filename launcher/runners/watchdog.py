@@ -13,17 +13,23 @@ a read, or waiting in a collective for a peer that never comes. When a rank's de
 3. hang_report.txt gets the names and every stack, events.jsonl a record, the log one line;
 4. the node's ranks are killed (SIGKILL, which also ends a stopped one), so torchrun restarts them
    from the newest checkpoint where train.max_restarts allows, or the job ends with HUNG.
+
+It watches a rank's whole life, from its first step to its exit: at the end of a run (final
+save, evaluation, tracker, teardown) no phase has a deadline of its own, but once one rank has
+exited cleanly the others get train.hang_timeout (launcher/runners/held.py): the same report, and
+when the run's work is complete and saved the agent ends at once and the job exits COMPLETE_HELD.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import signal
 import threading
 import time
+from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import psutil
@@ -31,14 +37,17 @@ import psutil
 from launcher.events import blamed_hang, read_events, record_event
 from launcher.logs import get_logger
 from launcher.rundir import HANG_REPORT_FILE, heartbeat_file, stacks_file
+from launcher.runners.hang_ranks import DUMP_WAIT_S, Rank, rank_of, read_beat, report_text
+from launcher.runners.held import Held, attempt_started, held_line, held_ranks
 from launcher.runners.signals import worker_processes
 from launcher.userpath.own import open_own
 from launcher.worker.heartbeat import DUMP_SIGNAL
 
 log = get_logger("watchdog")
 
-DUMP_WAIT_S = 3.0
-"""How long the ranks get to write their stacks after SIGUSR2."""
+END_AGENT_SIGNAL = signal.SIGUSR2
+"""Sent by the watchdog to its own process's main thread (torchrun's agent runs there) to end the
+agent without a restart, once it ended the ranks that held a complete run."""
 COLLECTIVE_MARKS = ("torch/distributed/", "torch/autograd/", "deepspeed/", " in _arrived")
 """The innermost frames of a rank's main thread in one of these: it waits in a collective (torch's
 or DeepSpeed's, a backward's gradient all-reduce, the loop's step counts in
@@ -46,51 +55,10 @@ launcher/training/loss.py), i.e. for a peer."""
 INNERMOST = 2
 
 
-@dataclass
-class Rank:
-    rank: int
-    proc: psutil.Process
-    beat: dict[str, Any]
-
-    @property
-    def late_s(self) -> float:
-        deadline = self.beat.get("deadline")
-        return 0.0 if deadline is None else time.time() - float(deadline)
-
-    def kernel_state(self) -> dict[str, str]:
-        """What can be read of the process from outside: its state and where the kernel holds it."""
-        found: dict[str, str] = {}
-        with suppress(OSError):
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("State:"):
-                    found["State"] = line.split(":", 1)[1].strip()
-        with suppress(OSError):
-            found["wchan"] = Path(f"/proc/{self.proc.pid}/wchan").read_text().strip() or "0"
-        return found
-
-    @property
-    def stopped(self) -> bool:
-        """Stopped (SIGSTOP, a debugger): it cannot write its own stack."""
-        return self.kernel_state().get("State", "X")[:1] in ("T", "t")
-
-    @property
-    def dead(self) -> bool:
-        """Exited (a zombie until its agent reaps it): a failure torchrun's agent handles, not a
-        hang (e.g. a rank whose peer was just ended by another node's watchdog)."""
-        return self.kernel_state().get("State", "X")[:1] in ("Z", "X")
-
-
-def _rank_of(proc: psutil.Process) -> int | None:
-    with suppress(psutil.Error, ValueError):
-        return int(proc.environ().get("RANK", ""))
-    return None
-
-
-def _read_beat(path: Path) -> dict[str, Any] | None:
-    with suppress(OSError, ValueError):
-        beat = json.loads(path.read_text(encoding="utf-8"))
-        return beat if isinstance(beat, dict) else None
-    return None
+class AgentEnded(BaseException):
+    """Raised in the agent's thread once the ranks that held a complete run are ended: torchrun's
+    agent shuts down (no restart); the Watchdog's `with` block ends there. A BaseException, so
+    that no `except Exception` on the way swallows it."""
 
 
 class Watchdog:
@@ -106,14 +74,37 @@ class Watchdog:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="hang-watchdog", daemon=True)
         self._ranks: dict[int, int | None] = {}  # pid -> rank (read once per process)
+        self._ending = False
+        self._previous: Callable[[int, FrameType | None], Any] | int | None = None
 
     def __enter__(self) -> Watchdog:
+        if threading.current_thread() is threading.main_thread():  # where the agent runs
+            self._previous = signal.signal(END_AGENT_SIGNAL, self._end_agent)
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> bool:
+        try:
+            self._done.set()
+            self._thread.join()
+        except AgentEnded:
+            pass  # the agent had ended by itself
+        finally:
+            if self._previous is not None:
+                signal.signal(END_AGENT_SIGNAL, self._previous)
+        return exc_type is not None and issubclass(exc_type, AgentEnded)
+
+    @property
+    def held_complete(self) -> dict[str, Any] | None:
+        """The record of a rank that held a run whose work was complete and saved."""
+        last = self.hangs[-1] if self.hangs else None
+        return last if last is not None and last.get("complete") else None
+
+    def _end_agent(self, signum: int, frame: FrameType | None) -> None:
+        del signum, frame
+        if self._ending:
+            self._ending = False
+            raise AgentEnded
 
     def _watch(self) -> None:
         while not self._done.wait(self.poll_s):
@@ -121,6 +112,8 @@ class Watchdog:
                 ranks = self.ranks()
                 if any(r.late_s > 0 for r in ranks):
                     self.fire(ranks)
+                elif (held := held_ranks(self.run_dir, ranks)) is not None:
+                    self.fire_held(ranks, held)
             except Exception as exc:  # a watchdog must not end the job
                 log.warning(f"hang watchdog: {type(exc).__name__}: {exc}")
 
@@ -129,9 +122,9 @@ class Watchdog:
         found = []
         for proc in worker_processes():
             if proc.pid not in self._ranks:
-                self._ranks[proc.pid] = _rank_of(proc)
+                self._ranks[proc.pid] = rank_of(proc)
             rank = self._ranks[proc.pid]
-            beat = _read_beat(heartbeat_file(self.run_dir, rank)) if rank is not None else None
+            beat = read_beat(heartbeat_file(self.run_dir, rank)) if rank is not None else None
             if rank is not None and beat is not None and beat.get("pid") == proc.pid:
                 candidate = Rank(rank, proc, beat)
                 if candidate.dead:
@@ -163,8 +156,43 @@ class Watchdog:
             f"{len(ranks)} rank(s), all waiting in a collective: the rank that stopped "
             f"progressing is on another node; stacks in {report}"
         )
+        self._end(line, ranks, blamed, stacks, hang_timeout=timeout)
+
+    def fire_held(self, ranks: list[Rank], held: Held) -> None:
+        """Ranks still running past their time after a peer exited cleanly: named with their
+        stacks, ended; when the run's work is complete and saved, the agent too (no restart)."""
+        stacks = self._dump_stacks(ranks)
+        how = {r.rank: "stopped" if r.stopped else "no exit" for r in held.late}
+        line = held_line(held, how, self.run_dir / HANG_REPORT_FILE)
+        complete = held.complete
+        self._end(
+            line,
+            ranks,
+            held.late,
+            stacks,
+            hang_timeout=float(held.late[0].beat.get("timeout") or 0),
+            after_exit_of=[e.get("rank") for e in held.exited],
+            phases={r.rank: r.beat.get("phase") for r in held.late},
+            complete=complete,
+            final_checkpoint=held.final_checkpoint,
+            since=attempt_started(ranks),
+        )
+        if complete and self._previous is not None:
+            self._ending = True  # the agent would restart the ranks: end it instead
+            signal.pthread_kill(threading.main_thread().ident or 0, END_AGENT_SIGNAL)
+
+    def _end(
+        self,
+        line: str,
+        ranks: list[Rank],
+        blamed: list[Rank],
+        stacks: dict[int, str],
+        **facts: Any,
+    ) -> None:
+        """The report, the event, the log's line; then this node's ranks are killed."""
+        report = self.run_dir / HANG_REPORT_FILE
         with open(open_own(report), "a", encoding="utf-8") as f:  # never through a link
-            f.write(_report(line, ranks, blamed, stacks))
+            f.write(report_text(line, ranks, blamed, stacks))
         self.hangs.append(
             record_event(
                 self.run_dir,
@@ -173,8 +201,8 @@ class Watchdog:
                 hosts=sorted({str(r.beat.get("host")) for r in blamed}),
                 steps={r.rank: r.beat.get("step") for r in ranks},
                 stopped=[r.rank for r in blamed if r.stopped],
-                hang_timeout=timeout,
                 report=str(report),
+                **facts,
             )
         )
         log.error(line + "; ending this node's ranks.")
@@ -224,11 +252,18 @@ def _world_size(ranks: list[Rank]) -> int:
     return 0
 
 
-def _wait_for_blame_elsewhere(run_dir: Path, done: threading.Event) -> None:
-    deadline = time.monotonic() + PEER_WAIT_S
-    while time.monotonic() < deadline and not done.wait(0.2):
+PEER_POLL_S = 0.2
+
+
+def _wait_for_blame_elsewhere(
+    run_dir: Path, done: threading.Event, clock: Callable[[], float] = time.monotonic
+) -> bool:
+    """Whether another node's record named the rank within PEER_WAIT_S (by `clock`)."""
+    deadline = clock() + PEER_WAIT_S
+    while clock() < deadline and not done.wait(PEER_POLL_S):
         if blamed_hang(read_events(run_dir), time.time(), PEER_WAIT_S) is not None:
-            return
+            return True
+    return False
 
 
 def _in_collective(stack: str) -> bool:
@@ -249,30 +284,6 @@ def _blame(ranks: list[Rank], stacks: dict[int, str]) -> list[Rank]:
     if len(stacks) == len(ranks):
         return []  # all of them wait for a peer elsewhere
     return [r for r in ranks if r.rank not in stacks] or [max(ranks, key=lambda r: r.late_s)]
-
-
-def _report(line: str, ranks: list[Rank], blamed: list[Rank], stacks: dict[int, str]) -> str:
-    out = [f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {line}", ""]
-    for r in ranks:
-        state = r.kernel_state()
-        beat = r.beat
-        tag = "  <-- no progress" if r in blamed else ""
-        out.append(
-            f"--- rank {r.rank} (pid {r.proc.pid} on {beat.get('host')}): last step "
-            f"{beat.get('step')} ({beat.get('phase')}), {time.time() - float(beat['time']):.1f} s "
-            f"ago; State: {state.get('State', '?')}, wchan: {state.get('wchan', '?')}{tag}"
-        )
-        if r.rank in stacks:
-            out.append(stacks[r.rank].rstrip())
-        elif r.stopped:
-            out.append(
-                "(stopped: a stopped process cannot write its own stack; the kernel's view is "
-                "above. It was killed with the others.)"
-            )
-        else:
-            out.append(f"(no stack written within {DUMP_WAIT_S:g} s of SIGUSR2)")
-        out.append("")
-    return "\n".join(out) + "\n"
 
 
 def hang_exit_line(hangs: list[dict[str, Any]], code: int) -> str:

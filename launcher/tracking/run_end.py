@@ -40,10 +40,13 @@ def last_logged_step(run_dir: Path) -> int:
     return last
 
 
-def write_hung_summary(run_dir: Path, hang: dict[str, Any], exit_status: int) -> dict[str, Any]:
+def write_hung_summary(
+    run_dir: Path, hang: dict[str, Any], exit_status: int, status: str = HUNG_STATUS
+) -> dict[str, Any]:
     """summary.json of a job the watchdog ended with no restart left; the values written. `hang`
     is this node's record; where it names no rank (all waited for a peer), another node's record
-    of the same hang that names one is taken instead."""
+    of the same hang that names one is taken instead. status: "completed" when a rank held a run
+    whose work was complete and saved (launcher/runners/held.py)."""
     events = read_events(run_dir)
     if not hang.get("ranks"):
         hang = blamed_hang(events, float(hang.get("time", 0)), SAME_HANG_S) or hang
@@ -51,7 +54,7 @@ def write_hung_summary(run_dir: Path, hang: dict[str, Any], exit_status: int) ->
         "steps": last_logged_step(run_dir),
         # The contract's keys of a completed run; no rank lived to measure them.
         **dict.fromkeys(UNMEASURED_KEYS),
-        "status": HUNG_STATUS,
+        "status": status,
         "exit_status": exit_status,
         "hang": hang,
         "events": events,

@@ -8,6 +8,8 @@ function.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +78,13 @@ class PauseSave:
 def save_pause(cfg: RootConfig, run_dir: Path) -> Callable[[int], None] | None:
     at = cfg.debug.pause_save_at_step
     return PauseSave(at, run_dir) if at is not None else None
+
+
+def stop_at_end(cfg: RootConfig, rank: int) -> None:
+    """debug.stop_at_end_on_rank: this rank stops itself after the final checkpoint (SIGSTOP:
+    it cannot answer, not even with its stack), as a rank wedged at the end of a run would."""
+    if cfg.debug.stop_at_end_on_rank == rank:
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def loss_function(cfg: RootConfig) -> LossFn:

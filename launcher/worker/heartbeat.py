@@ -8,6 +8,15 @@ first step of the process (model building, compilation, a resume), a checkpoint 
 One file write per optimizer step (at its end, which sets the next step's deadline), atomic
 (written beside, then renamed), nothing collective.
 
+After training the rank writes one record per phase of its end (`final save`, `evaluation`,
+`harness wait`, `tracker finish`, `teardown`) and, as the last thing before its process exits,
+`exit` with its exit status. Those phases have no deadline of their own (a final save or an
+evaluation takes what it takes), but once one rank has exited cleanly every rank still running
+must follow within train.hang_timeout of that exit or of its own latest phase, whichever is later
+(plus `allow_s`, a phase's own bound, such as eval.harness.wait_s): launcher/runners/held.py.
+The records after the final save say where it is (`final_checkpoint`) and how many steps the run
+has (`steps`), so the watchdog can tell whether the run's work is complete and saved.
+
 On SIGUSR2 the rank writes the Python stacks of all its threads into `rank<r>.stacks`
 (faulthandler: the kernel runs it even while the rank waits inside a collective).
 """
@@ -22,7 +31,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from launcher.config.root import RootConfig
 from launcher.lifetime import AGENT_PID_ENV
@@ -31,6 +40,9 @@ from launcher.userpath.own import open_own
 
 DUMP_SIGNAL = signal.SIGUSR2
 """The signal the watchdog sends a rank for its stacks."""
+FINAL_SAVE = "final save"
+EXIT_PHASE = "exit"
+"""The last record of a rank, with its exit status (a clean exit: 0, and its process gone)."""
 
 
 class Heartbeat:
@@ -54,7 +66,14 @@ class Heartbeat:
         self.timed = False
         self.host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self._stacks: IO[str] | None = None
+        self.facts: dict[str, Any] = {}
+        """Kept in every record once known: ended (training is over), final_checkpoint, steps."""
         self.beat(0, "start", timed=False)
+
+    def untimed_after(self, saves_after: Callable[[int], bool]) -> None:
+        """The steps after which a checkpoint is saved (not timed) besides the last one."""
+        last = self.saves_after
+        self.saves_after = lambda step: last(step) or saves_after(step)
 
     def dump_stacks_on_signal(self) -> None:
         """SIGUSR2 writes this rank's stacks (all threads) to heartbeats/rank<r>.stacks."""
@@ -63,7 +82,7 @@ class Heartbeat:
         self._stacks = open(open_own(path, flags=truncate), "w", encoding="utf-8")  # noqa: SIM115
         faulthandler.register(DUMP_SIGNAL, file=self._stacks, all_threads=True)
 
-    def beat(self, step: int, phase: str, timed: bool = True) -> None:
+    def beat(self, step: int, phase: str, timed: bool = True, **extra: Any) -> None:
         now, self.step, self.timed = time.time(), step, timed
         record = {
             "rank": self.rank,
@@ -74,6 +93,8 @@ class Heartbeat:
             "time": now,
             "timeout": self.timeout_s,
             "deadline": now + self.timeout_s if timed else None,
+            **self.facts,
+            **extra,
         }
         tmp = self.path.with_suffix(".tmp")
         # A file per step: opened O_NOFOLLOW (never written through a link planted at the name),
@@ -95,24 +116,59 @@ class Heartbeat:
         self.beat(step, "save" if saving else "step", timed=not saving)
 
     def end(self) -> None:
-        """Training is over (the final save, the summary follow): nothing timed any more."""
-        self.beat(self.step, "end", timed=False)
+        """Training is over (the final save, the summary follow): no step deadline any more."""
+        self.facts["ended"] = True
+        self.phase(FINAL_SAVE)
+
+    def phase(self, name: str, allow_s: float = 0.0, **facts: Any) -> None:
+        """A phase of the rank's end begins. `facts` stay in every later record; `allow_s`: how
+        much longer than train.hang_timeout this phase may take once a peer has exited."""
+        self.facts.update(facts)
+        self.beat(self.step, name, timed=False, allow_s=allow_s)
+
+    def exit(self, status: int) -> None:
+        """The rank's last record, its process group gone: it exits with `status` now."""
+        self.beat(self.step, EXIT_PHASE, timed=False, status=status)
         if self._stacks is not None:
             faulthandler.unregister(DUMP_SIGNAL)
             self._stacks.close()
             self._stacks = None
 
 
-def start_heartbeat(
-    cfg: RootConfig, run_dir: Path, rank: int, saves_after: Callable[[int], bool]
-) -> Heartbeat | None:
-    """The rank's heartbeat (its stacks on SIGUSR2 too); None with train.hang_timeout=0 or with
-    no watchdog to read it (a rank not started by torchrun's agent: the in-process run)."""
+class Silent(Heartbeat):
+    """No watchdog reads this rank (train.hang_timeout=0, or the in-process run): nothing
+    written."""
+
+    def __init__(self) -> None:
+        self.step, self.facts = 0, {}
+
+    def phase(self, name: str, allow_s: float = 0.0, **facts: Any) -> None:
+        del name, allow_s, facts
+
+    def beat(self, step: int, phase: str, timed: bool = True, **extra: Any) -> None:
+        del step, phase, timed, extra
+
+    def before_step(self, step: int) -> None:
+        del step
+
+    def after_step(self, step: int) -> None:
+        del step
+
+    def untimed_after(self, saves_after: Callable[[int], bool]) -> None:
+        del saves_after
+
+    def exit(self, status: int) -> None:
+        del status
+
+
+def start_heartbeat(cfg: RootConfig, run_dir: Path, rank: int) -> Heartbeat:
+    """The rank's heartbeat (its stacks on SIGUSR2 too), from just after the process group is
+    joined to the rank's exit; None with train.hang_timeout=0 or with no watchdog to read it (a
+    rank not started by torchrun's agent: the in-process run) a Silent one. The last step is not
+    timed (the final save follows); `untimed_after` adds the steps a checkpoint follows."""
     if not cfg.train.hang_timeout or AGENT_PID_ENV not in os.environ:
-        return None
+        return Silent()
     steps = cfg.train.steps
-    heartbeat = Heartbeat(
-        run_dir, rank, cfg.train.hang_timeout, lambda s: s >= steps or saves_after(s)
-    )
+    heartbeat = Heartbeat(run_dir, rank, cfg.train.hang_timeout, lambda s: s >= steps)
     heartbeat.dump_stacks_on_signal()
     return heartbeat

@@ -44,10 +44,10 @@ from launcher.worker.compile import (
     compile_seconds,
     eager,
 )
-from launcher.worker.debug import debug_callbacks, loss_function, save_pause
+from launcher.worker.debug import debug_callbacks, loss_function, save_pause, stop_at_end
 from launcher.worker.elastic import announce_restart, config_for_world
 from launcher.worker.evaluate import exact_match
-from launcher.worker.heartbeat import start_heartbeat
+from launcher.worker.heartbeat import Heartbeat, Silent, start_heartbeat
 from launcher.worker.stop import (
     StopFlag,
     requeued_by_slurm,
@@ -104,7 +104,11 @@ def build_data(cfg: RootConfig, model: nn.Module) -> Datasets:
 
 
 def train_rank(
-    cfg: RootConfig, run_dir: Path, ctx: DistContext, stop: StopFlag | None = None
+    cfg: RootConfig,
+    run_dir: Path,
+    ctx: DistContext,
+    stop: StopFlag | None = None,
+    heartbeat: Heartbeat | None = None,
 ) -> RunEnd:
     as_planned, cfg = cfg, config_for_world(cfg, ctx)  # elastic: the split for the ranks it got
     require_planned(cfg)  # batch.micro_size=auto / ac=auto are chosen by the plan, never here
@@ -133,9 +137,10 @@ def train_rank(
     meter = PeakMeter(ctx.device, engine.model, cfg.train.steps, planned, ctx.is_main)
     tracker.peak_meter = meter
     # Checkpoints first: a test's pause after a step comes once the step is saved.
-    heartbeat = start_heartbeat(cfg, run_dir, ctx.rank, checkpoints.saves_after)
-    beats = [heartbeat] if heartbeat is not None else []  # before the saves: they are not timed
-    trainer.callbacks = [meter, *beats, checkpoints, *debug_callbacks(cfg, ctx.rank)]
+    heartbeat = heartbeat or Silent()
+    heartbeat.untimed_after(checkpoints.saves_after)
+    # Before the saves: they are not timed.
+    trainer.callbacks = [meter, heartbeat, checkpoints, *debug_callbacks(cfg, ctx.rank)]
     if cfg.train.compile:
         tracker.compile_clock = compile_seconds
         trainer.callbacks.insert(1, EagerWhileMeasured(meter))  # after the meter opens
@@ -152,14 +157,16 @@ def train_rank(
         tracker.rewind(resumed.step if resumed is not None else 0)
         trained = trainer.train(stop)
         mark("trained")
-        if heartbeat is not None:
-            heartbeat.end()
+        heartbeat.end()
         if not trained:
             # Every rank agreed to stop at this step boundary: save, mark, exit 75.
             saved = checkpoints.stop(stop.signal_name if stop is not None else None)
             tracker.close(STOPPED_RESUMABLE)
             return StoppedRun(trainer.step, str(saved) if saved else None)
-        checkpoints.save_final()
+        saved = checkpoints.save_final()
+        # The run's work is saved once metrics.jsonl has every step too (the watchdog looks).
+        heartbeat.phase("evaluation", final_checkpoint=saved and str(saved), steps=cfg.train.steps)
+        stop_at_end(cfg, ctx.rank)
     except BaseException as exc:
         try:
             if isinstance(exc, Exception):  # not an abort (a second Ctrl-C, SystemExit)
@@ -213,7 +220,9 @@ def train_rank(
         ),
     )
     if evaluations is not None:  # their records before the summary (bounded: eval.harness.wait_s)
+        heartbeat.phase("harness wait", allow_s=cfg.eval.harness.wait_s)
         evaluations.finish()
+    heartbeat.phase("tracker finish")
     tracker.finish(summary)
     if ctx.is_main:
         acc = f", eval exact-match {accuracy:.3f}" if accuracy is not None else ""
@@ -241,16 +250,23 @@ def run_worker(cfg: RootConfig, run_dir: Path) -> RunEnd:
         warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
         if ctx.is_main and restart_attempt() == 0:
             clear_stopped(run_dir)  # left by an earlier job in this run directory
+        # From here to the exit, the watchdog of the agent watches this rank.
+        heartbeat = start_heartbeat(cfg, run_dir, ctx.rank)
+        status = 1
         try:
             with compile_errors(cfg.train.compile):
-                return train_rank(cfg, run_dir, ctx, stop)
+                end = train_rank(cfg, run_dir, ctx, stop, heartbeat)
+            status = end.exit_status
+            return end
         except BaseException:
             if ctx.world_size > 1:
                 # Leave the rank's error where the launcher can name it.
                 replace_own(rank_error_file(run_dir, ctx.rank), redact(traceback.format_exc()))
             raise
         finally:
+            heartbeat.phase("teardown")
             teardown_distributed()
+            heartbeat.exit(status)
 
 
 def run_in_process(cfg: RootConfig, run_dir: Path) -> int:

@@ -64,12 +64,32 @@ class StopFlag:
             self.request(signal.Signals(signum).name)
             if signum == signal.SIGINT and AGENT_PID_ENV in os.environ:
                 return  # relayed by `launch`, which said it on the terminal already
-            log.info(  # rank 0 speaks for all
-                CTRL_C_STOPPING
-                if signum == signal.SIGINT
-                else f"{self.signal_name}: stopping after the current optimizer step, saving a "
-                "checkpoint (send SIGTERM again to stop at once)."
-            )
+            log.info(stopping_message(signum))  # rank 0 speaks for all
+
+
+SLURM_STEP_ENV = "SLURM_STEP_ID"
+"""Set in the processes of a SLURM job step (srun): the ranks of train.sbatch."""
+SLURM_TERM = (
+    "SIGTERM from SLURM: it is ending this job step (the job was cancelled, preempted or out of "
+    "time, or one of its nodes failed). Saving a checkpoint after the current optimizer step if "
+    "every rank gets there; if a node failed, the ranks there are gone and nothing is saved now: "
+    "train.sbatch runs the step again on the nodes left (an elastic job) or SLURM requeues the "
+    "job, and either resumes from the newest complete checkpoint."
+)
+
+
+def stopping_message(signum: int) -> str:
+    """What rank 0 says on the first stop signal. A SIGTERM inside a SLURM step comes from SLURM
+    itself (train.sbatch relays its own stops as SIGUSR1): it may be a node failure, where no
+    checkpoint can be saved, and sending another SIGTERM is not the user's to do."""
+    if signum == signal.SIGINT:
+        return CTRL_C_STOPPING
+    if signum == signal.SIGTERM and SLURM_STEP_ENV in os.environ:
+        return SLURM_TERM
+    return (
+        f"{signal.Signals(signum).name}: stopping after the current optimizer step, saving a "
+        "checkpoint (send SIGTERM again to stop at once)."
+    )
 
 
 @contextmanager

@@ -1,18 +1,24 @@
 """train.hang_timeout: a rank stopped with SIGSTOP mid-run is named (rank, host, state) by the
 watchdog beside torchrun's agent, the others' stacks show them waiting in their collective, and
-the job ends with HUNG instead of waiting for the process group's timeout."""
+the job ends with HUNG instead of waiting for the process group's timeout. A rank stopped after
+the last step cannot hold the finished job: once rank 0 has exited cleanly, it gets
+train.hang_timeout, is named and ended, and the job exits COMPLETE_HELD."""
 
 from __future__ import annotations
 
+import json
+import time
+from contextlib import suppress
 from pathlib import Path
 
+import psutil
 import pytest
 
 from launcher.events import read_events
-from launcher.exit_codes import HUNG
+from launcher.exit_codes import COMPLETE_HELD, HUNG
 from launcher.rundir import HANG_REPORT_FILE
 from tests.e2e.test_resume import DP2, Launch, rank_process
-from tests.helpers import FAST, read_summary
+from tests.helpers import FAST, read_metrics, read_summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 
@@ -62,3 +68,77 @@ def test_a_stopped_rank_is_named_with_the_stacks_and_the_job_ends_hung(tmp_path:
     assert (summary["status"], summary["exit_status"]) == ("hung", HUNG), summary
     assert summary["hang"]["ranks"] == [1] and summary["events"][-1]["event"] == "hang", summary
     assert 4 <= summary["steps"] < 200, summary
+
+
+HELD_TIMEOUT = 6
+HELD_STEPS = 4
+
+
+@pytest.mark.parametrize(
+    "engine", [["engine=ddp"], ["engine=deepspeed", "engine.zero_stage=3"]], ids=["ddp", "zero3"]
+)
+def test_a_rank_stopped_after_the_last_step_cannot_hold_the_finished_job(
+    tmp_path: Path, engine: list[str]
+) -> None:
+    """Rank 1 stops itself (SIGSTOP) once the final checkpoint is in place; rank 0 finishes the
+    run and exits. The watchdog gives rank 1 train.hang_timeout from that exit, names it and
+    ends it, and the job exits COMPLETE_HELD: the run's work is complete and saved."""
+    run_dir = tmp_path / "run"
+    args = [
+        "train",
+        f"train.steps={HELD_STEPS}",
+        "batch.global_size=8",
+        *FAST,
+        *DP2,
+        *engine,
+        f"train.hang_timeout={HELD_TIMEOUT}",
+        "train.max_restarts=1",  # not used: the work is saved, the agent ends instead
+        "debug.stop_at_end_on_rank=1",
+    ]
+    launch = Launch(args, run_dir)
+    try:
+        wait_for_phase(launch, run_dir / "heartbeats" / "rank0.json", "exit")
+        code = launch.wait(timeout=HELD_TIMEOUT + 30)  # from rank 0's exit
+    finally:
+        if launch.proc.poll() is None:  # a failed test: no stopped rank left behind
+            for proc in psutil.Process(launch.proc.pid).children(recursive=True):
+                proc.kill()
+    output = launch.output
+    assert code == COMPLETE_HELD, output
+    assert "hang at the end of the run: rank 1 on " in output and "(stopped" in output, output
+    assert "after rank 0 exited cleanly" in output and "complete and saved" in output, output
+
+    report = (run_dir / HANG_REPORT_FILE).read_text()
+    first, *_ = report.splitlines()
+    assert "rank 1 on " in first and "rank 0 on" not in first, report
+    (section,) = report.split("--- rank ")[1:]  # rank 0 had exited: rank 1 alone
+    assert section.startswith("1 ") and "State: T" in section, report
+    assert "cannot write its own stack" in section, report
+
+    (hang,) = read_events(run_dir)  # no restart
+    assert hang["event"] == "hang", hang
+    assert (hang["ranks"], hang["after_exit_of"], hang["complete"]) == ([1], [0], True), hang
+    assert hang["stopped"] == [1] and hang["hang_timeout"] == HELD_TIMEOUT
+
+    # The work is intact: the final checkpoint, every step's metrics, rank 0's summary.
+    final = run_dir / "checkpoints" / f"step_{HELD_STEPS}"
+    assert (final / "complete.json").is_file() and hang["final_checkpoint"] == str(final)
+    assert [m["step"] for m in read_metrics(run_dir)] == list(range(1, HELD_STEPS + 1))
+    summary = read_summary(run_dir)
+    assert (summary["status"], summary["exit_status"]) == ("completed", COMPLETE_HELD), summary
+    assert summary["steps"] == HELD_STEPS and summary["final_loss"] is not None, summary
+    assert summary["hang"]["ranks"] == [1], summary
+
+
+def wait_for_phase(launch: Launch, beat: Path, phase: str, timeout: float = 300) -> None:
+    """Until the heartbeat record says `phase` (launch must not end first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with suppress(OSError, ValueError):
+            if json.loads(beat.read_text())["phase"] == phase:
+                return
+        assert launch.proc.poll() is None, (
+            f"launch ended ({launch.proc.returncode}):\n{launch.output}"
+        )
+        assert time.monotonic() < deadline, f"no {phase} in {beat} in {timeout}s:\n{launch.output}"
+        time.sleep(0.1)

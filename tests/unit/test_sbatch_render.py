@@ -84,7 +84,7 @@ def test_no_requeue_and_no_signal() -> None:
 
 def test_default_port_is_per_job() -> None:
     text = render_sbatch(slurm_config(), RUN_DIR)
-    assert "RDZV_PORT=$(( 29500 + SLURM_JOB_ID % 1000 ))" in text
+    assert 'RDZV_PORT=$("$PYTHON" -m launcher.runners.ports "$SLURM_JOB_ID")' in text
 
 
 def test_default_python_is_this_one(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,11 +1,15 @@
 """The watchdog's two multi-node rules: a node whose ranks only wait for a peer waits (briefly)
-for another node's watchdog to name the rank, and a rank that already exited is not a hang."""
+for another node's watchdog to name the rank, and a rank that already exited is not a hang.
+
+The wait is measured by the watchdog's own clock, given here: a clock that moves one second per
+look, so the tests count looks instead of timing them."""
 
 from __future__ import annotations
 
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -16,19 +20,38 @@ from launcher.runners import watchdog
 from launcher.runners.watchdog import Rank, _wait_for_blame_elsewhere
 
 
+class Looks:
+    """A clock one second further at each look; `at_look` runs once, at that look."""
+
+    def __init__(self, at_look: int = 0, then: Callable[[], object] = lambda: None) -> None:
+        self.count, self.at_look, self.then = 0, at_look, then
+
+    def __call__(self) -> float:
+        self.count += 1
+        if self.count == self.at_look:
+            self.then()
+        return float(self.count)
+
+
+@pytest.fixture(autouse=True)
+def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watchdog, "PEER_POLL_S", 0.01)
+
+
 def test_the_wait_ends_when_another_node_names_the_rank(tmp_path: Path) -> None:
-    threading.Timer(0.5, lambda: record_event(tmp_path, "hang", ranks=[1], hosts=["n2"])).start()
-    start = time.monotonic()
-    _wait_for_blame_elsewhere(tmp_path, threading.Event())
-    assert time.monotonic() - start < watchdog.PEER_WAIT_S / 2
+    clock = Looks(3, lambda: record_event(tmp_path, "hang", ranks=[1], hosts=["n2"]))
+    assert _wait_for_blame_elsewhere(tmp_path, threading.Event(), clock)
+    # Named at the third look: the wait ended there, not at PEER_WAIT_S (10 looks).
+    assert clock.count == 3 < watchdog.PEER_WAIT_S
 
 
 def test_the_wait_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(watchdog, "PEER_WAIT_S", 1.0)
+    monkeypatch.setattr(watchdog, "PEER_WAIT_S", 4.0)
     record_event(tmp_path, "hang", ranks=[], hosts=[])  # this node's own: names no rank
-    start = time.monotonic()
-    _wait_for_blame_elsewhere(tmp_path, threading.Event())
-    assert 0.9 < time.monotonic() - start < 3.0
+    clock = Looks()
+    assert not _wait_for_blame_elsewhere(tmp_path, threading.Event(), clock)
+    # The deadline (look 1 + 4 s), then looks at 2, 3, 4 s, and the one at 5 s that ends it.
+    assert clock.count == 5
 
 
 def test_an_exited_rank_is_dead_not_stopped() -> None:
