@@ -42,7 +42,8 @@ def train_command(cfg: RootConfig, run_dir: Path) -> int:
         cfg, runner, plan = prepare_run(cfg, run_dir, lock)
         log.info(plan.describe())
         log.info(f"run directory: {run_dir}")
-        start_fresh(cfg, run_dir)  # train.resume=never: a new wandb run (and overwrite=true)
+        if runner.first_node:  # cluster=torchrun: node 0 alone changes the shared directory
+            start_fresh(cfg, run_dir)  # train.resume=never: a new wandb run (overwrite=true)
         if cfg.verify.first and not runner.verifies_in_job:  # else the job does (train.sbatch)
             from launcher.verify.command import verify_before_training
 

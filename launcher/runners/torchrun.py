@@ -13,7 +13,7 @@ import os
 import shutil
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,7 +56,7 @@ def torchrun_argv(cfg: RootConfig, run_dir: Path, worker: str = "launcher.worker
     membership = (
         elastic_args(cfg, free_port(), run_dir.name or "launcher")
         if cfg.parallel.nodes > 1  # an elastic job on this machine: one agent per node
-        else ["--standalone"]
+        else ["--standalone", "--nnodes=1"]
     )
     return [
         TORCHRUN,
@@ -114,23 +114,33 @@ def _environment(additions: dict[str, str]) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
+def run_torchrun(
+    run_dir: Path,
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    first_node: bool = True,
+    scratch: Path | None = None,
+) -> int:
     """Run the planned torchrun command, in this process, with the planned environment additions.
 
     Exit status: 0, STOPPED_RESUMABLE after a graceful stop, 143 after a second SIGTERM, HUNG when
     the hang watchdog ended the ranks and no restart was left, the status of the rank that failed
     first (named), or 1 when a signal ended it. A second Ctrl-C raises
-    KeyboardInterrupt.
+    KeyboardInterrupt. first_node=False (cluster=torchrun's other nodes): the last attempt's marks
+    in the shared run directory are node 0's to clear; `scratch`: this node's torchrun scratch.
     """
     from launcher.runners.agent import blame, run_agent, write_failures
     from launcher.runners.signals import StopAtOnce, forward_stop_signals
+    from launcher.runners.slurm_node import resumable
     from launcher.runners.watchdog import Watchdog, hang_exit_line
     from launcher.tracking.run_end import write_hung_summary
 
     assert argv[0] == TORCHRUN, argv
-    clear_rank_errors(run_dir)
-    clear_stopped(run_dir)
-    rank_failures_file(run_dir).unlink(missing_ok=True)
+    if first_node:
+        clear_rank_errors(run_dir)
+        clear_stopped(run_dir)
+        rank_failures_file(run_dir).unlink(missing_ok=True)
     try:
         with _environment(env), forward_stop_signals(), Watchdog(run_dir) as watchdog:
             failures = run_agent(argv[1:])
@@ -142,8 +152,10 @@ def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
         )
         return 128 + signal.SIGTERM
     finally:
-        shutil.rmtree(run_dir / AGENT_DIR, ignore_errors=True)
-    if read_stopped(run_dir) is not None:
+        shutil.rmtree(scratch or run_dir / AGENT_DIR, ignore_errors=True)
+        with suppress(OSError):
+            (run_dir / AGENT_DIR).rmdir()  # cluster=torchrun: the last node to end
+    if read_stopped(run_dir) is not None or resumable(f.exitcode for f in failures):
         return STOPPED_RESUMABLE  # stopped on a signal after a checkpoint (rank 0 said where)
     if failures and watchdog.hangs:
         write_failures(rank_failures_file(run_dir), failures)
