@@ -131,7 +131,10 @@ class Meeting:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if isinstance(exc, LauncherError) and not isinstance(exc, RendezvousFailed):
+        # a node refused for a full job (RunDirectoryBusy) is not one of its nodes: nothing to say
+        if isinstance(exc, LauncherError) and not isinstance(
+            exc, (RendezvousFailed, RunDirectoryBusy)
+        ):
             self._tell_others(str(exc))
 
     def _tell_others(self, message: str) -> None:
