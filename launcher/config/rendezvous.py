@@ -129,8 +129,8 @@ def _endpoint(cfg: RootConfig, env: Mapping[str, str]) -> tuple[str, int, str]:
         "cluster.rdzv_endpoint",
         "cluster=torchrun needs the address where the nodes meet, and none is set: not the "
         f"key, nor {', '.join(ADDRESS_NAMES)} in this node's environment.",
-        f"add {ENDPOINT_EXAMPLE}: the first node's address and a free port, the same on every "
-        "node.",
+        f"add {ENDPOINT_EXAMPLE} (the first node's address and a free port, the same on every "
+        "node).",
     )
 
 

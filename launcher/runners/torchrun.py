@@ -56,12 +56,14 @@ def torchrun_argv(cfg: RootConfig, run_dir: Path, worker: str = "launcher.worker
     membership = (
         elastic_args(cfg, free_port(), run_dir.name or "launcher")
         if cfg.parallel.nodes > 1  # an elastic job on this machine: one agent per node
-        else ["--standalone", "--nnodes=1"]
+        else ["--standalone"]
     )
     return [
         TORCHRUN,
         *membership,
         f"--nproc_per_node={cfg.parallel.ranks_per_node}",
+        # one node, whatever PET_NNODES says (torchrun reads PET_* for an argument not given)
+        *(["--nnodes=1"] if cfg.parallel.nodes == 1 else []),
         f"--max_restarts={cfg.train.max_restarts}",
         f"--monitor_interval={MONITOR_INTERVAL_S}",
         f"--log-dir={run_dir / AGENT_DIR}",

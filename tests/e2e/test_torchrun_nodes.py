@@ -174,3 +174,20 @@ def test_the_jobs_directory_lets_its_nodes_in_and_keeps_other_runs_out(tmp_path:
         for node in nodes:
             node.proc.kill()
             node.wait(NODE_WAIT_S)
+
+
+def test_a_rendezvous_that_does_not_complete_names_who_came(tmp_path: Path) -> None:
+    port = free_port()
+    proc = run_launch(
+        [*COMMON, *DP2, "cluster=torchrun", "cluster.rdzv_timeout=3"],
+        tmp_path / "run",
+        env={**ENV, **pet_env(port, 0)},
+        timeout=NODE_WAIT_S,  # a subprocess with a deadline: a wait ends as a failure
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if "did not complete" in ln]
+    assert f"the rendezvous at 127.0.0.1:{port} (run) did not complete in 3 s" in line
+    assert "1 of 2 node(s) came (node 0 (" in line and "missing: node 1." in line
+    assert "Fix: start the same command on the missing node(s)" in line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
