@@ -124,6 +124,14 @@ class TorchrunNodesRunner(LocalRunner):
         return self.rendezvous
 
     def resolve(self, cfg: RootConfig, run_dir: Path) -> RootConfig:
+        if cfg.verify.first:
+            raise ConfigError(
+                ["verify.first", "cluster"],
+                "verify.first certifies the split before training, and `launch verify` does not "
+                "join nodes under cluster=torchrun.",
+                "set verify.first=false, and certify the same split on one machine first: "
+                "`launch verify` with the same overrides and cluster=local parallel.nodes=1.",
+            )
         cfg, self.rendezvous = resolve_rendezvous(cfg, run_dir, os.environ)
         return cfg
 
