@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,23 @@ def start_node(args: list[str], run_dir: Path, name: str, env: dict[str, str]) -
     in <run dir>-<name>.log beside the run directory."""
     log = run_dir.parent / f"{run_dir.name}-{name}.log"
     extra = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **ENV, **env}
-    return BackgroundLaunch(args, run_dir, log, extra)
+    node = BackgroundLaunch(args, run_dir, log, extra)
+    STARTED.append(node)
+    return node
+
+
+STARTED: list[BackgroundLaunch] = []
+
+
+@pytest.fixture(autouse=True)
+def no_node_left() -> Iterator[None]:
+    """A failed test leaves no node waiting at a rendezvous (its ranks die with it)."""
+    yield
+    while STARTED:
+        node = STARTED.pop()
+        if node.proc.poll() is None:
+            node.proc.kill()
+            node.wait(NODE_WAIT_S)
 
 
 def nodes_args(port: int) -> list[str]:

@@ -24,6 +24,10 @@ CASES = {
         "cluster.node_rank",
     ),
     "one_node": (["cluster=torchrun", ENDPOINT], "parallel.nodes, cluster"),
+    "verify_first": (
+        ["cluster=torchrun", *NODES, ENDPOINT, "verify.first=true"],
+        "verify.first, cluster",
+    ),
 }
 
 
@@ -66,3 +70,11 @@ def test_plan_prints_the_command_every_node_runs_and_the_sources(tmp_path: Path)
         "cluster.rdzv_id": "the run directory's name",
         "cluster.node_rank": "PET_NODE_RANK=1",
     }
+
+
+def test_an_elastic_job_asks_torchrun_for_a_range_of_nodes(tmp_path: Path) -> None:
+    elastic = ["parallel.min_nodes=1", "train.max_restarts=2", "batch.micro_size=4"]
+    args = ["plan", "cluster=torchrun", *NODES, ENDPOINT, *elastic]
+    proc = run_launch(args, tmp_path / "run")
+    assert "torchrun --nnodes=1:2 --nproc_per_node=1 --rdzv_backend=c10d" in proc.stdout
+    assert "--rdzv_endpoint=127.0.0.1:29500 --rdzv_id=run" in proc.stdout
