@@ -53,7 +53,7 @@ def train_command(cfg: RootConfig, run_dir: Path) -> int:
         if not runner.holds_run_lock:
             lock.release()  # the job takes it where it runs
         code = runner.run(cfg, run_dir, plan)
-        if code == 0 and cfg.export.at_end:
+        if code == 0 and cfg.export.at_end and runner.first_node:  # one node exports
             from launcher.export.command import export_at_end
 
             export_at_end(cfg, run_dir)
