@@ -158,7 +158,10 @@ class TorchrunNodesRunner(LocalRunner):
         from launcher.runners.torchrun import run_torchrun
 
         rdzv = self._rdzv()
-        meeting = self.meeting or Meeting.open(rdzv)
+        meeting = self.meeting
+        if meeting is None:  # not started through prepare_run: meet now
+            meeting = self.meeting = Meeting.open(rdzv)
+            self.first_node = meeting.hosts
         with meeting:
             if self.first_node:
                 token = secrets.token_hex(16)
