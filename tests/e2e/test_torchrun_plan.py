@@ -78,3 +78,13 @@ def test_an_elastic_job_asks_torchrun_for_a_range_of_nodes(tmp_path: Path) -> No
     proc = run_launch(args, tmp_path / "run")
     assert "torchrun --nnodes=1:2 --nproc_per_node=1 --rdzv_backend=c10d" in proc.stdout
     assert "--rdzv_endpoint=127.0.0.1:29500 --rdzv_id=run" in proc.stdout
+
+
+def test_a_nodes_own_rank_is_left_out_of_the_shared_command(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_launch(["plan", "cluster=torchrun", *NODES, ENDPOINT, "cluster.node_rank=1"], run_dir)
+    lines = (run_dir / "nodes.txt").read_text().splitlines()
+    shared = f"launch train cluster=torchrun {' '.join(NODES)} {ENDPOINT} hydra.run.dir="
+    assert lines[2] == shared + str(run_dir.resolve())
+    assert lines[-1].split()[:2] == ["cluster.node_rank", "1"]
+    assert lines[-1].endswith("cluster.node_rank")
