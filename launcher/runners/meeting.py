@@ -122,9 +122,6 @@ class Meeting:
             ) from None
         return cls(rdzv, store, hosts=False)
 
-    def close(self) -> None:
-        del self.store
-
     def __enter__(self) -> Meeting:
         return self
 
@@ -220,7 +217,9 @@ class Meeting:
 
     def _missing(self, came: int) -> str:
         rdzv = self.rdzv
-        nodes = [json.loads(self.store.get(f"{_PREFIX}node{i}")) for i in range(1, came + 1)]
+        seats = [f"{_PREFIX}node{i}" for i in range(1, came + 1)]
+        # a node counts itself in, then says who it is: one between the two is left out
+        nodes = [json.loads(self.store.get(k)) for k in seats if self.store.check([k])]
         named = ", ".join(
             (f"node {n['node_rank']} " if n["node_rank"] is not None else "")
             + f"({n['host']}, pid {n['pid']})"
