@@ -103,6 +103,7 @@ def prepare_run(
     # cluster=torchrun: node 0 prepares the directory; the job's other nodes only read it
     first = runner.claim_run_dir(cfg, dry_run)
     if first:
+        lock.job = runner.lock_holder()
         lock.acquire()  # before reading what is there: another run may be writing it
         check_own_files(run_dir)  # a link where the launcher writes: refused, nothing written
         if dry_run:

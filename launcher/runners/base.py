@@ -47,6 +47,10 @@ class Runner(ABC):
         del cfg, dry_run
         return self.first_node
 
+    def lock_holder(self) -> str | None:
+        """What the run directory's lock names besides the process holding it (None: nothing)."""
+        return None
+
     def check_environment(self, cfg: RootConfig) -> str | None:
         """Check that this machine can start the job; return the device type the ranks train on
         ("cpu" or "cuda") when this machine can tell, None when the job runs elsewhere."""

@@ -144,6 +144,12 @@ class TorchrunNodesRunner(LocalRunner):
         self.first_node = self.meeting.hosts
         return self.first_node
 
+    def lock_holder(self) -> str | None:
+        rdzv = self.rendezvous
+        if rdzv is None:
+            return None
+        return f"node 0 of the cluster=torchrun job {rdzv.rdzv_id} at {rdzv.endpoint}"
+
     def command(self, cfg: RootConfig, run_dir: Path) -> list[str]:
         return node_argv(cfg, run_dir, self._rdzv(), self.first_node, self.worker)
 

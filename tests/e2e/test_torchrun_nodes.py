@@ -183,6 +183,7 @@ def test_the_jobs_directory_lets_its_nodes_in_and_keeps_other_runs_out(tmp_path:
         third = run_launch([*COMMON, *DP1], run_dir, env=ENV, check=False)
         assert third.returncode == 2, third.stdout + third.stderr
         assert "is in use by a run that is still going" in third.stderr
+        assert f"node 0 of the cluster=torchrun job run at 127.0.0.1:{port}" in third.stderr
         extra = start_node(args, run_dir, "n2", {})
         assert extra.wait(NODE_WAIT_S) == 2, extra.output
         assert "already has its 2 nodes" in extra.output
