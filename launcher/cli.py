@@ -70,7 +70,7 @@ main config keys (override as key=value; groups as group=name):
   batch.micro_size=auto  train.memory_budget=40GiB   a split chosen to fit (global batch kept)
   ac=none|full|every_n|sqrt|selective|auto   ac.every_n  ac.offload
   engine=ddp|fsdp|deepspeed  engine.zero_stage  engine.extra
-  cluster=local|slurm        cluster.partition cluster.time cluster.wait ...
+  cluster=local|slurm|torchrun  cluster.partition cluster.time; cluster.rdzv_endpoint ...
   train.steps train.seed train.precision=fp32|bf16|fp16 train.resume=auto|never|PATH
   train.max_restarts  train.hang_timeout  checkpoint.every  checkpoint.keep  checkpoint.overwrite
   optim.lr  wandb.mode=offline|online|disabled  tracking.backends=[wandb,tensorboard,mlflow]

@@ -43,7 +43,8 @@ def train_command(cfg: RootConfig, run_dir: Path) -> int:
         log.info(plan.describe())
         log.info(f"run directory: {run_dir}")
         mark("planned")
-        start_fresh(cfg, run_dir)  # train.resume=never: a new wandb run (and overwrite=true)
+        if runner.first_node:  # cluster=torchrun: node 0 alone changes the shared directory
+            start_fresh(cfg, run_dir)  # train.resume=never: a new wandb run (overwrite=true)
         if cfg.verify.first and not runner.verifies_in_job:  # else the job does (train.sbatch)
             from launcher.verify.command import verify_before_training
 
@@ -53,7 +54,7 @@ def train_command(cfg: RootConfig, run_dir: Path) -> int:
         if not runner.holds_run_lock:
             lock.release()  # the job takes it where it runs
         code = runner.run(cfg, run_dir, plan)
-        if code == 0 and cfg.export.at_end:
+        if code == 0 and cfg.export.at_end and runner.first_node:  # one node exports
             from launcher.export.command import export_at_end
 
             export_at_end(cfg, run_dir)

@@ -55,6 +55,8 @@ def _describe(info: dict[str, Any]) -> str:
     words = f"pid {info.get('pid')} on {info.get('host')}"
     if info.get("slurm_job"):
         words += f" (SLURM job {info['slurm_job']})"
+    if info.get("job"):
+        words += f", {info['job']}"
     return words
 
 
@@ -64,6 +66,9 @@ class RunLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / LOCK_FILE
         self.fd: int | None = None
+        self.job: str | None = None
+        """What else the holder is, in words (cluster=torchrun: node 0 of a job whose other nodes
+        use the directory without the lock); a refused run names it."""
 
     def acquire(self) -> RunLock:
         """Take the lock or raise RunDirectoryBusy naming the holder. Never blocks."""
@@ -84,6 +89,7 @@ class RunLock:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "slurm_job": os.environ.get("SLURM_JOB_ID"),
+            **({"job": self.job} if self.job else {}),
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)

@@ -91,6 +91,7 @@ def prepare_run(
     still going there is refused, named), build the complete plan (every check raises here,
     before anything is written), then write the run directory."""
     runner = runner_for(cfg)
+    cfg = runner.resolve(cfg, run_dir)  # cluster=torchrun: values from the node's environment
     cfg = check_environment(cfg, runner)
     cfg = check_wandb(cfg)
     cfg = check_trackers(cfg)
@@ -99,14 +100,19 @@ def prepare_run(
 
         require_lm_eval()
         include_dir(cfg.eval.harness)
-    lock.acquire()  # before reading what is there: another run may be writing it
-    check_own_files(run_dir)  # a link where the launcher writes its files: refused, nothing written
-    if dry_run:
-        refuse_started_run(run_dir)
-    cfg = check_resume(cfg, run_dir)  # a refused resume fails here, before anything is written
+    # cluster=torchrun: node 0 prepares the directory; the job's other nodes only read it
+    first = runner.claim_run_dir(cfg, dry_run)
+    if first:
+        lock.job = runner.lock_holder()
+        lock.acquire()  # before reading what is there: another run may be writing it
+        check_own_files(run_dir)  # a link where the launcher writes: refused, nothing written
+        if dry_run:
+            refuse_started_run(run_dir)
+        cfg = check_resume(cfg, run_dir)  # a refused resume fails here, before anything is written
     plan = build_plan(cfg, run_dir, runner)
     cfg = plan.config or cfg  # batch.micro_size=auto, ac=auto: the chosen values the ranks run
     if plan.memory_choice is not None:  # auto may have chosen an engine option (offload)
         check_engine(cfg, runner)
-    write_run_files(cfg, run_dir, plan)
+    if first:
+        write_run_files(cfg, run_dir, plan)
     return cfg, runner, plan

@@ -30,6 +30,10 @@
     .hydra/              Hydra's copies of the config and overrides
     .lock                held (flock) by the run using the directory, and names it
                          (launcher/lifetime.py); a second run into the directory is refused
+    nodes.txt            cluster=torchrun: the command every node runs, and where each
+                         rendezvous value came from
+    .nodes_token         cluster=torchrun: node 0's token for this launch; every other node
+                         checks that it reads the same (the directory is shared)
     .torchelastic/       torchrun's scratch while its agent runs (the ranks' error files); removed
                          at the end, so nothing is left in the system temp directory
 """
@@ -69,6 +73,8 @@ EVAL_DIR = "eval"
 """lm-evaluation-harness results (launcher/harness/)."""
 HYDRA_DIR = ".hydra"
 LOCK_FILE = ".lock"
+NODES_TOKEN_FILE = ".nodes_token"
+NODES_FILE = "nodes.txt"
 AGENT_DIR = ".torchelastic"
 RANK_FAILURES_FILE = "rank_failures.json"
 EVENTS_FILE = "events.jsonl"
@@ -86,7 +92,7 @@ _RANK_ERROR_PREFIX = "error_rank"
 OWN_FILES = (
     *(CONFIG_FILE, PLAN_FILE, DS_CONFIG_FILE, SBATCH_FILE, VERIFY_SBATCH_FILE, CERTIFICATE_FILE),
     *(METRICS_FILE, SUMMARY_FILE, STOPPED_FILE, ERROR_FILE, RANK_FAILURES_FILE, LOCK_FILE),
-    SLURM_JOB_FILE,
+    *(SLURM_JOB_FILE, NODES_TOKEN_FILE, NODES_FILE),
     *(EVENTS_FILE, HANG_REPORT_FILE, MLFLOW_RUN_ID_FILE),
     f"{WANDB_DIR}/{WANDB_RUN_ID_FILE}",
 )

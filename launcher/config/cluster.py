@@ -1,4 +1,4 @@
-"""Where the job runs: this machine, or SLURM.
+"""Where the job runs: this machine, SLURM, or several nodes that each run `launch` (torchrun).
 
 Every SLURM value lands in train.sbatch. Values on `#SBATCH` lines are read by sbatch, which splits
 on blanks and treats `#` and quotes specially, so they are checked against a strict pattern here;
@@ -22,6 +22,7 @@ from launcher.secrets import redactor_for
 class ClusterKind(str, Enum):
     local = "local"
     slurm = "slurm"
+    torchrun = "torchrun"
 
 
 # sbatch --signal accepts at most 0xffff seconds.
@@ -33,6 +34,11 @@ _CONSTRAINT = re.compile(r"[A-Za-z0-9._,&|*:()\[\]-]{1,256}")  # features: a100&
 _MEM = re.compile(r"[0-9]+[KMGT]?")
 _TIME = re.compile(r"(?:(?P<d>[0-9]+)-)?(?P<a>[0-9]+)(?::(?P<b>[0-9]+))?(?::(?P<c>[0-9]+))?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ENDPOINT = re.compile(
+    r"(?P<host>[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):(?P<port>[0-9]{1,5})"
+)
+_RDZV_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+ENDPOINT_EXAMPLE = "cluster.rdzv_endpoint=10.0.0.1:29500"
 
 
 def time_limit_seconds(value: str) -> int:
@@ -85,12 +91,27 @@ def _check_directive(index: int, text: str) -> None:
         )
 
 
+def split_endpoint(key: str, value: str) -> tuple[str, int]:
+    """HOST:PORT -> (HOST, PORT), or one ConfigError naming `key` (a key or an environment
+    variable) and the form it takes."""
+    match = _ENDPOINT.fullmatch(value)
+    port = int(match["port"]) if match else 0
+    if match is None or not 1 <= port <= 65535:
+        raise ConfigError(
+            "cluster.rdzv_endpoint",
+            f"{key}={value!r} is not HOST:PORT (a host name or address, a port 1-65535).",
+            f"give the first node's address and a free port, e.g. {ENDPOINT_EXAMPLE}.",
+        )
+    return match["host"].strip("[]"), port
+
+
 @dataclass
 class ClusterConfig:
-    """cluster=local runs here; cluster=slurm renders <run dir>/train.sbatch and submits it."""
+    """cluster=local runs here; cluster=slurm renders <run dir>/train.sbatch and submits it;
+    cluster=torchrun: the same `launch train` on every node, joined at a c10d rendezvous."""
 
     name: ClusterKind = ClusterKind.local
-    """local | slurm."""
+    """local | slurm | torchrun."""
     job_name: str = "launcher"
     """slurm: job name (letters, digits, '-', '_', '.')."""
     partition: str | None = None
@@ -126,6 +147,20 @@ class ClusterConfig:
     """slurm: further #SBATCH options, one --name=value per item, e.g. ['--exclusive']."""
     setup: list[str] = field(default_factory=list)
     """slurm: shell lines run before training (module load ..., source venv/bin/activate)."""
+    rdzv_endpoint: str | None = None
+    """torchrun: HOST:PORT of the c10d rendezvous, the same on every node (null: from the
+    environment: PET_RDZV_ENDPOINT, PET_MASTER_ADDR:PET_MASTER_PORT, MASTER_ADDR:MASTER_PORT,
+    SkyPilot's first node; docs/multinode.md)."""
+    rdzv_id: str | None = None
+    """torchrun: the job's name at the rendezvous, the same on every node (null: PET_RDZV_ID, else
+    the run directory's name)."""
+    node_rank: int | None = None
+    """torchrun: this node's rank where an engine assigns them; node 0 hosts the rendezvous and
+    writes the run directory (null: PET_NODE_RANK, NODE_RANK, SKYPILOT_NODE_RANK; else the node
+    that holds the endpoint's port is node 0)."""
+    rdzv_timeout: int = 600
+    """torchrun: seconds to wait for every node at the rendezvous; then it ends naming the nodes
+    that came and those that did not."""
 
     def __post_init__(self) -> None:
         _check_pattern(
@@ -179,6 +214,14 @@ class ClusterConfig:
                 "is empty or has control characters.",
                 "give a path or a command name.",
             )
+        if self.rdzv_endpoint is not None:
+            split_endpoint("cluster.rdzv_endpoint", self.rdzv_endpoint)
+        _check_pattern(
+            "cluster.rdzv_id", self.rdzv_id, _RDZV_ID, "letters, digits, '.', '_' and '-'"
+        )
+        if self.node_rank is not None:
+            require_non_negative("cluster.node_rank", self.node_rank)
+        require_positive("cluster.rdzv_timeout", self.rdzv_timeout)
         for i, directive in enumerate(self.extra_directives):
             _check_directive(i, directive)
         for i, line in enumerate(self.setup):

@@ -9,7 +9,7 @@ from launcher.config.ac import AcConfig
 from launcher.config.adapter import AdapterConfig
 from launcher.config.batch import BatchSplit, resolve_batch
 from launcher.config.checks import require_finite
-from launcher.config.cluster import ClusterConfig, ClusterKind
+from launcher.config.cluster import ENDPOINT_EXAMPLE, ClusterConfig, ClusterKind
 from launcher.config.data import DataConfig, DataKind
 from launcher.config.engine import EngineConfig, EngineName
 from launcher.config.eval import EvalConfig
@@ -67,14 +67,16 @@ class RootConfig:
             require_finite(f.name, getattr(self, f.name))
         self.split()  # raises on a batch split that does not multiply out
         self._check_vocab()
-        local = self.cluster.name != ClusterKind.slurm
+        local = self.cluster.name == ClusterKind.local
         if self.parallel.nodes > 1 and local and not self.parallel.elastic:
             raise ConfigError(
                 ["parallel.nodes", "cluster"],
-                f"{self.parallel.nodes} nodes need a scheduler, but "
+                f"{self.parallel.nodes} nodes need a scheduler or a rendezvous, but "
                 f"cluster={self.cluster.name.value}.",
-                "add cluster=slurm, or set parallel.nodes=1 (or, to try an elastic job on this "
-                "machine, one torchrun agent per node, parallel.min_nodes=1).",
+                "add cluster=slurm; or run the same command with cluster=torchrun "
+                f"{ENDPOINT_EXAMPLE} (the first node's address) on every node "
+                "(docs/multinode.md); or set parallel.nodes=1 "
+                "(or, to try an elastic job on this machine, parallel.min_nodes=1).",
             )
         self._resolve_restarts()
         if self.parallel.elastic and self.verify.first:

@@ -13,12 +13,16 @@ from launcher.runners.base import Runner
 
 
 def runner_for(cfg: RootConfig) -> Runner:
-    """Where this config runs: SLURM for cluster=slurm, else torchrun for dp > 1, else
-    in-process."""
+    """Where this config runs: SLURM for cluster=slurm, a node of several for cluster=torchrun,
+    else torchrun for dp > 1, else in-process."""
     if cfg.cluster.name == ClusterKind.slurm:
         from launcher.runners.slurm import SlurmRunner
 
         return SlurmRunner()
+    if cfg.cluster.name == ClusterKind.torchrun:
+        from launcher.runners.torchrun_nodes import TorchrunNodesRunner
+
+        return TorchrunNodesRunner()
     if cfg.parallel.dp > 1:
         from launcher.runners.torchrun import TorchrunRunner
 

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import signal
+from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,12 +90,27 @@ _ELASTIC_API_LOG = logging.getLogger("torch.distributed.elastic.multiprocessing.
 _ELASTIC_API_LOG.addFilter(_DropReportedFailures())
 
 
+TORCHRUN_ENV_PREFIX = "PET_"
+"""torchrun reads PET_<ARGUMENT> as the default of each argument it is not given."""
+
+
+def parse_own_args(args: list[str]) -> Namespace:
+    """torchrun's arguments as the launcher gives them, and nothing from PET_* variables (an
+    engine's PET_NNODES would make a one-node agent wait for nodes the config never asked for):
+    cluster=torchrun reads them itself (launcher/config/rendezvous.py)."""
+    hidden = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(TORCHRUN_ENV_PREFIX)}
+    try:
+        return parse_args(args)
+    finally:
+        os.environ.update(hidden)
+
+
 def run_agent(args: list[str]) -> list[RankFailure]:
     """Run torchrun with these arguments in this process (main thread); the failed ranks, first
     first, or [] when every rank ended with status 0."""
     os.environ[AGENT_PID_ENV] = str(os.getpid())
     try:
-        run(parse_args(args))
+        run(parse_own_args(args))
     except ChildFailedError as exc:
         return failures_of(exc)
     return []

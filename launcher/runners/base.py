@@ -31,6 +31,26 @@ class Runner(ABC):
     """The module each rank runs (`python -m <worker> <run dir>/config.yaml`); `launch verify`
     sets launcher.verify.worker, which must also have `run_in_process(cfg, run_dir) -> int`."""
 
+    first_node: bool = True
+    """This process prepares the run directory (takes its lock, writes config.yaml and plan.json,
+    clears the last attempt's marks); False: another node of the job does (cluster=torchrun)."""
+
+    def resolve(self, cfg: RootConfig, run_dir: Path) -> RootConfig:
+        """The config with what this runner reads from where it runs (cluster=torchrun: the
+        rendezvous values from the environment); a bad or conflicting value raises ConfigError."""
+        del run_dir
+        return cfg
+
+    def claim_run_dir(self, cfg: RootConfig, dry_run: bool) -> bool:
+        """Decide whether this process is the one that prepares the run directory (sets
+        `first_node`); `launch plan` (dry_run) always is, and joins nothing."""
+        del cfg, dry_run
+        return self.first_node
+
+    def lock_holder(self) -> str | None:
+        """What the run directory's lock names besides the process holding it (None: nothing)."""
+        return None
+
     def check_environment(self, cfg: RootConfig) -> str | None:
         """Check that this machine can start the job; return the device type the ranks train on
         ("cpu" or "cuda") when this machine can tell, None when the job runs elsewhere."""

@@ -7,6 +7,7 @@ import os
 import torch
 
 from launcher.config.batch import resolve_batch
+from launcher.config.cluster import ClusterKind
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.host import local_cpu_count
@@ -24,6 +25,23 @@ def thread_environment(cfg: RootConfig) -> dict[str, str]:
     if "OMP_NUM_THREADS" in os.environ:
         return {}
     return {"OMP_NUM_THREADS": str(max(1, local_cpu_count() // cfg.parallel.ranks_per_node))}
+
+
+def warn_node_environment() -> None:
+    """cluster=local in an environment that an engine set up for several nodes (Kubeflow
+    Trainer's PET_* variables): training here alone is what the config says, but say so, and how
+    to join the other nodes (torchrun itself never reads them here: launcher/runners/agent.py)."""
+    found = sorted(name for name in os.environ if name.startswith("PET_"))
+    if not found:
+        return
+    nodes = os.environ.get("PET_NNODES", "").split(":")[-1]
+    hint = f" parallel.nodes={nodes}" if nodes.isdigit() and int(nodes) > 1 else ""
+    log.warning(
+        f"{', '.join(found)} are set (torchrun's multi-node variables, as Kubeflow Trainer sets "
+        "them), but cluster=local trains on this machine alone and ignores them. Fix: to train "
+        f"with the other nodes, run the same command on each with cluster=torchrun{hint} "
+        "(docs/multinode.md)."
+    )
 
 
 def too_few_gpus(cfg: RootConfig, gpus: int) -> ConfigError:
@@ -64,6 +82,8 @@ class LocalRunner(Runner):
     """A runner whose ranks train on this machine."""
 
     def check_environment(self, cfg: RootConfig) -> str:
+        if cfg.cluster.name == ClusterKind.local:
+            warn_node_environment()
         per_node = cfg.parallel.ranks_per_node
         wants_gpu = cfg.train.device == "cuda" or (
             cfg.train.device == "auto" and torch.cuda.is_available()

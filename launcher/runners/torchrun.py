@@ -13,7 +13,7 @@ import os
 import shutil
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,6 +62,8 @@ def torchrun_argv(cfg: RootConfig, run_dir: Path, worker: str = "launcher.worker
         TORCHRUN,
         *membership,
         f"--nproc_per_node={cfg.parallel.ranks_per_node}",
+        # one node, whatever PET_NNODES says (torchrun reads PET_* for an argument not given)
+        *(["--nnodes=1"] if cfg.parallel.nodes == 1 else []),
         f"--max_restarts={cfg.restarts}",
         f"--monitor_interval={MONITOR_INTERVAL_S}",
         f"--log-dir={run_dir / AGENT_DIR}",
@@ -114,25 +116,35 @@ def _environment(additions: dict[str, str]) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
+def run_torchrun(
+    run_dir: Path,
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    first_node: bool = True,
+    scratch: Path | None = None,
+) -> int:
     """Run the planned torchrun command, in this process, with the planned environment additions.
 
     Exit status: 0, STOPPED_RESUMABLE after a graceful stop, 143 after a second SIGTERM, HUNG when
     the hang watchdog ended the ranks and no restart was left, COMPLETE_HELD when it ended a rank
     that held a run whose work was complete and saved, the status of the rank that failed
     first (named), or 1 when a signal ended it. A second Ctrl-C raises
-    KeyboardInterrupt.
+    KeyboardInterrupt. first_node=False (cluster=torchrun's other nodes): the last attempt's marks
+    in the shared run directory are node 0's to clear; `scratch`: this node's torchrun scratch.
     """
     from launcher.runners.agent import blame, run_agent, write_failures
     from launcher.runners.held import held_exit_line, write_held_summary
     from launcher.runners.signals import StopAtOnce, forward_stop_signals
+    from launcher.runners.slurm_node import resumable
     from launcher.runners.watchdog import Watchdog, hang_exit_line
     from launcher.tracking.run_end import write_hung_summary
 
     assert argv[0] == TORCHRUN, argv
-    clear_rank_errors(run_dir)
-    clear_stopped(run_dir)
-    rank_failures_file(run_dir).unlink(missing_ok=True)
+    if first_node:
+        clear_rank_errors(run_dir)
+        clear_stopped(run_dir)
+        rank_failures_file(run_dir).unlink(missing_ok=True)
     failures = []
     try:
         with _environment(env), forward_stop_signals(), Watchdog(run_dir) as watchdog:
@@ -145,8 +157,10 @@ def run_torchrun(run_dir: Path, argv: list[str], env: dict[str, str]) -> int:
         )
         return 128 + signal.SIGTERM
     finally:
-        shutil.rmtree(run_dir / AGENT_DIR, ignore_errors=True)
-    if read_stopped(run_dir) is not None:
+        shutil.rmtree(scratch or run_dir / AGENT_DIR, ignore_errors=True)
+        with suppress(OSError):
+            (run_dir / AGENT_DIR).rmdir()  # cluster=torchrun: the last node to end
+    if read_stopped(run_dir) is not None or resumable(f.exitcode for f in failures):
         return STOPPED_RESUMABLE  # stopped on a signal after a checkpoint (rank 0 said where)
     if watchdog.held_complete is not None:
         log.error(held_exit_line(watchdog.held_complete, COMPLETE_HELD))

@@ -1,0 +1,182 @@
+"""cluster=torchrun: several nodes without a scheduler. The same `launch train ... cluster=torchrun`
+runs on every node (by hand, in Kubeflow Trainer's pods, under SkyPilot); each runs torchrun's
+agent in its own process, as the local runner does (launcher/runners/torchrun.py), and the agents
+meet at a c10d rendezvous at cluster.rdzv_endpoint.
+
+Node 0 (cluster.node_rank=0, or the node that holds the endpoint's port) prepares the shared run
+directory, as `launch` does on one machine: its lock, config.yaml, plan.json, nodes.txt; the
+ranks write metrics, summary and checkpoints there as on SLURM (global rank 0 writes the run's
+files). The other nodes check that they see that directory and write nothing of their own but
+torchrun's scratch (launcher/runners/meeting.py). SIGTERM to the nodes stops the ranks after a
+checkpoint (exit STOPPED_RESUMABLE); the same command on every node resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from launcher.config.rendezvous import NodeRendezvous, resolve_rendezvous
+from launcher.config.root import RootConfig
+from launcher.errors import ConfigError
+from launcher.rundir import AGENT_DIR, CONFIG_FILE, NODES_FILE, NODES_TOKEN_FILE
+from launcher.runners.local import LocalRunner
+from launcher.runners.torchrun import MONITOR_INTERVAL_S, TORCHRUN, environment_additions
+from launcher.userpath import replace_own
+
+if TYPE_CHECKING:
+    from launcher.plan import Plan
+    from launcher.runners.meeting import Meeting
+
+NODE_ONLY_KEYS = ("cluster.node_rank=", "+cluster.node_rank=", "hydra.run.dir=")
+"""Overrides left out of the command every node runs: a node's own, and the directory (added
+back, absolute)."""
+
+
+def node_name(rdzv: NodeRendezvous) -> str:
+    """This node in file names: node<rank>, or host-pid while its rank is not known."""
+    if rdzv.node_rank is not None:
+        return f"node{rdzv.node_rank}"
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def node_argv(
+    cfg: RootConfig, run_dir: Path, rdzv: NodeRendezvous, hosts: bool, worker: str
+) -> list[str]:
+    """This node's torchrun command: every argument given (torchrun reads PET_* variables only for
+    the arguments it is not given)."""
+    from launcher.runners.agent import handles_signals_option
+
+    parallel = cfg.parallel
+    nnodes = f"{rdzv.least_nodes}:{rdzv.nodes}" if parallel.elastic else str(rdzv.nodes)
+    conf = f"is_host={'true' if hosts else 'false'},join_timeout={rdzv.timeout}"
+    local_addr = os.environ.get("PET_LOCAL_ADDR", "").strip()
+    return [
+        TORCHRUN,
+        f"--nnodes={nnodes}",
+        f"--nproc_per_node={parallel.ranks_per_node}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={rdzv.endpoint}",
+        f"--rdzv_id={rdzv.rdzv_id}",
+        f"--rdzv_conf={conf}",
+        *([f"--local_addr={local_addr}"] if local_addr else []),
+        f"--max_restarts={cfg.restarts}",
+        f"--monitor_interval={MONITOR_INTERVAL_S}",
+        f"--log-dir={run_dir / AGENT_DIR / node_name(rdzv)}",
+        *(["--signals_to_handle=SIGQUIT"] if handles_signals_option() else []),
+        "-m",
+        worker,
+        str(run_dir / CONFIG_FILE),
+    ]
+
+
+def every_node_command(run_dir: Path) -> str:
+    """`launch train` with this launch's overrides (as Hydra parsed them) less a node's own, and the
+    run directory: the one command every node runs."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        overrides = list(HydraConfig.get().overrides.task)
+    except ValueError:  # called outside a Hydra job (a test calling train_command)
+        overrides = []
+    kept = [str(o) for o in overrides if not str(o).startswith(NODE_ONLY_KEYS)]
+    return shlex.join(["launch", "train", *kept, f"hydra.run.dir={run_dir.resolve()}"])
+
+
+def nodes_text(run_dir: Path, rdzv: NodeRendezvous) -> str:
+    """nodes.txt: the command every node runs and where each rendezvous value came from."""
+    values = {
+        "parallel.nodes": str(rdzv.nodes),
+        "cluster.rdzv_endpoint": rdzv.endpoint,
+        "cluster.rdzv_id": rdzv.rdzv_id,
+        "cluster.node_rank": "-" if rdzv.node_rank is None else str(rdzv.node_rank),
+    }
+    lines = [
+        "# cluster=torchrun: run this same command on every node (each node's rank, if any,",
+        "# from its environment or cluster.node_rank=R); node 0 hosts the rendezvous:",
+        every_node_command(run_dir),
+        "# the rendezvous values as node 0 read them, and where each came from:",
+        *(f"{key:<22} {value:<24} {rdzv.sources[key]}" for key, value in values.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class TorchrunNodesRunner(LocalRunner):
+    name = "torchrun-nodes"
+
+    def __init__(self) -> None:
+        self.rendezvous: NodeRendezvous | None = None
+        self.meeting: Meeting | None = None
+        self.first_node = True
+
+    def _rdzv(self) -> NodeRendezvous:
+        if self.rendezvous is None:
+            raise ConfigError(
+                "cluster",
+                "`launch verify` does not join nodes under cluster=torchrun.",
+                "certify the same split on one machine: the same overrides with cluster=local "
+                "parallel.nodes=1.",
+            )
+        return self.rendezvous
+
+    def resolve(self, cfg: RootConfig, run_dir: Path) -> RootConfig:
+        if cfg.verify.first:
+            raise ConfigError(
+                ["verify.first", "cluster"],
+                "verify.first certifies the split before training, and `launch verify` does not "
+                "join nodes under cluster=torchrun.",
+                "set verify.first=false, and certify the same split on one machine first: "
+                "`launch verify` with the same overrides and cluster=local parallel.nodes=1.",
+            )
+        cfg, self.rendezvous = resolve_rendezvous(cfg, run_dir, os.environ)
+        return cfg
+
+    def claim_run_dir(self, cfg: RootConfig, dry_run: bool) -> bool:
+        if dry_run:
+            return True
+        from launcher.runners.meeting import Meeting
+
+        self.meeting = Meeting.open(self._rdzv())
+        self.first_node = self.meeting.hosts
+        return self.first_node
+
+    def lock_holder(self) -> str | None:
+        rdzv = self.rendezvous
+        if rdzv is None:
+            return None
+        return f"node 0 of the cluster=torchrun job {rdzv.rdzv_id} at {rdzv.endpoint}"
+
+    def command(self, cfg: RootConfig, run_dir: Path) -> list[str]:
+        return node_argv(cfg, run_dir, self._rdzv(), self.first_node, self.worker)
+
+    def environment(self, cfg: RootConfig) -> dict[str, str]:
+        return environment_additions(cfg)
+
+    def files(self, cfg: RootConfig, run_dir: Path) -> dict[str, str]:
+        return {NODES_FILE: nodes_text(run_dir, self._rdzv())}
+
+    def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
+        from launcher.runners.meeting import Meeting
+        from launcher.runners.torchrun import run_torchrun
+
+        rdzv = self._rdzv()
+        meeting = self.meeting
+        if meeting is None:  # not started through prepare_run: meet now
+            meeting = self.meeting = Meeting.open(rdzv)
+            self.first_node = meeting.hosts
+        with meeting:
+            if self.first_node:
+                token = secrets.token_hex(16)
+                replace_own(run_dir / NODES_TOKEN_FILE, token + "\n")
+                meeting.publish(run_dir, token)
+            else:
+                meeting.follow(run_dir)
+            meeting.arrive()
+            scratch = run_dir / AGENT_DIR / node_name(rdzv)
+            return run_torchrun(
+                run_dir, plan.command, plan.env, first_node=self.first_node, scratch=scratch
+            )

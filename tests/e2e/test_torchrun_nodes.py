@@ -1,0 +1,211 @@
+"""cluster=torchrun (issue 46): two "nodes" on this machine, each a `launch train` with one rank,
+meet at a c10d rendezvous and train one run into one shared run directory; the losses are one
+process's. The values may come from Kubeflow Trainer's PET_* environment alone; a stop signal and
+the same commands again resume exactly; a node that does not see the run directory stops with the
+shared-filesystem error; and with cluster=local, PET_* variables never make a run wait."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher.exit_codes import STOPPED_RESUMABLE
+from launcher.rundir import SAVE_PAUSED_FILE
+from launcher.runners.meeting import SHARED_FIX, free_port
+from tests.e2e.test_resume import COMMON, DP1, DP2, ENV, SLOW, last_per_step
+from tests.helpers import BackgroundLaunch, max_rel_diff, read_losses, read_metrics, run_launch
+from tests.once import built_once
+
+pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
+
+NODE_WAIT_S = 240
+
+
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted one-process run of the same global batch (shared with test_elastic)."""
+    return built_once(
+        tmp_path_factory,
+        "elastic_reference_dp1",
+        lambda path: run_launch([*COMMON, *DP1], path, env=ENV),
+    )
+
+
+def start_node(args: list[str], run_dir: Path, name: str, env: dict[str, str]) -> BackgroundLaunch:
+    """One node's `launch train`, with the environment an engine would give its pod; its output
+    in <run dir>-<name>.log beside the run directory."""
+    log = run_dir.parent / f"{run_dir.name}-{name}.log"
+    extra = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **ENV, **env}
+    node = BackgroundLaunch(args, run_dir, log, extra)
+    STARTED.append(node)
+    return node
+
+
+STARTED: list[BackgroundLaunch] = []
+
+
+@pytest.fixture(autouse=True)
+def no_node_left() -> Iterator[None]:
+    """A failed test leaves no node waiting at a rendezvous (its ranks die with it)."""
+    yield
+    while STARTED:
+        node = STARTED.pop()
+        if node.proc.poll() is None:
+            node.proc.kill()
+            node.wait(NODE_WAIT_S)
+
+
+def nodes_args(port: int) -> list[str]:
+    return [
+        *COMMON,
+        *DP2,
+        "parallel.nodes=2",
+        "cluster=torchrun",
+        f"cluster.rdzv_endpoint=127.0.0.1:{port}",
+    ]
+
+
+def pet_env(port: int, rank: int) -> dict[str, str]:
+    """What Kubeflow Trainer's torch runtime sets in each pod."""
+    return {
+        "PET_NNODES": "2",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_NODE_RANK": str(rank),
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": str(port),
+    }
+
+
+def both_finish(nodes: list[BackgroundLaunch]) -> list[int]:
+    return [node.wait(NODE_WAIT_S) for node in nodes]
+
+
+def test_pet_variables_do_not_make_a_local_run_wait(tmp_path: Path) -> None:
+    """torchrun reads PET_NNODES=2 as --nnodes=2 unless told otherwise: the run would wait for a
+    second node for ever. It trains here, and the warning names the variables and the fix."""
+    port = free_port()
+    proc = run_launch(
+        [*COMMON, *DP2, "train.steps=2"],
+        tmp_path / "run",
+        env={**ENV, **pet_env(port, 0), "PET_NPROC_PER_NODE": "2"},
+        timeout=NODE_WAIT_S,  # a subprocess with a deadline: a wait ends as a failure
+    )
+    assert len(read_losses(tmp_path / "run")) == 2
+    for name in ("PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK"):
+        assert name in proc.stderr + proc.stdout
+    assert "Fix: to train with the other nodes, run the same command on each with " in (
+        proc.stderr + proc.stdout
+    )
+    assert "cluster=torchrun parallel.nodes=2" in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("values", ["keys", "pet_env"])
+def test_two_nodes_train_one_run_with_one_process_losses(
+    values: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    reference = one_process(tmp_path_factory)
+    run_dir, port = tmp_path / "run", free_port()
+    if values == "keys":
+        args = [nodes_args(port)] * 2
+        envs: list[dict[str, str]] = [{}, {}]
+    else:  # only what Kubeflow Trainer sets; node 1 starts first and is still not node 0
+        args = [[*COMMON, *DP2, "cluster=torchrun"]] * 2
+        envs = [pet_env(port, 1), pet_env(port, 0)]
+    nodes = [
+        start_node(a, run_dir, f"n{i}", e) for i, (a, e) in enumerate(zip(args, envs, strict=True))
+    ]
+    codes = both_finish(nodes)
+    assert codes == [0, 0], "\n".join(n.output for n in nodes)
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == list(range(1, 13))  # written once, by one rank
+    assert max_rel_diff(read_losses(run_dir), read_losses(reference)) < 1e-5
+    text = (run_dir / "nodes.txt").read_text()
+    assert f"hydra.run.dir={run_dir.resolve()}" in text
+    if values == "pet_env":
+        assert "PET_NNODES=2" in text and "PET_MASTER_ADDR, PET_MASTER_PORT" in text
+        assert "PET_NODE_RANK=0" in text  # node 0 wrote it
+        assert "cluster.node_rank" not in text.splitlines()[2]  # not in the shared command
+    else:
+        assert "cluster.rdzv_endpoint" in text and f"127.0.0.1:{port}" in text
+
+
+def test_sigterm_to_both_nodes_then_the_same_commands_resume_exactly(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    reference = one_process(tmp_path_factory)
+    run_dir, port = tmp_path / "run", free_port()
+    args = [*nodes_args(port), SLOW]
+    nodes = [start_node(args, run_dir, f"n{i}", {}) for i in range(2)]
+    nodes[0].wait_for_step(5, NODE_WAIT_S)
+    for node in nodes:
+        node.proc.send_signal(signal.SIGTERM)
+    codes = both_finish(nodes)
+    assert codes == [STOPPED_RESUMABLE] * 2, "\n".join(n.output for n in nodes)
+    stopped_at = len(read_losses(run_dir))
+    assert 5 <= stopped_at < 12
+
+    again = [start_node(args, run_dir, f"r{i}", {}) for i in range(2)]
+    assert both_finish(again) == [0, 0], "\n".join(n.output for n in again)
+    assert max_rel_diff(last_per_step(run_dir), read_losses(reference)) < 1e-5
+
+
+def test_a_node_that_does_not_see_the_run_directory_stops(tmp_path: Path) -> None:
+    """Two machines whose hydra.run.dir is not shared: the same path, different filesystems."""
+    port = free_port()
+    dirs = [tmp_path / "machine_a" / "run", tmp_path / "machine_b" / "run"]
+    nodes = [
+        start_node([*nodes_args(port), "train.steps=2"], d, f"n{i}", {}) for i, d in enumerate(dirs)
+    ]
+    codes = both_finish(nodes)
+    blind = [n for n in nodes if "this node does not see the run directory" in n.output]
+    assert len(blind) == 2  # one stops with the error, the other names it
+    assert sorted(codes) == [1, 2], "\n".join(n.output for n in nodes)
+    for node in nodes:
+        assert SHARED_FIX in node.output
+    assert not any((d / "metrics.jsonl").exists() for d in dirs)
+
+
+def test_the_jobs_directory_lets_its_nodes_in_and_keeps_other_runs_out(tmp_path: Path) -> None:
+    """While a two-node job runs (held in its step-2 save), a run of its own into the directory
+    is refused by node 0's lock, and a third node of the job by the rendezvous."""
+    run_dir, port = tmp_path / "run", free_port()
+    args = [*nodes_args(port), "checkpoint.every=2", "debug.pause_save_at_step=2"]
+    nodes = [start_node(args, run_dir, f"n{i}", {}) for i in range(2)]
+    try:
+        deadline = time.monotonic() + NODE_WAIT_S
+        while not (run_dir / SAVE_PAUSED_FILE).exists():
+            assert time.monotonic() < deadline, "\n".join(n.output for n in nodes)
+            assert all(n.proc.poll() is None for n in nodes), "\n".join(n.output for n in nodes)
+            time.sleep(0.1)
+        third = run_launch([*COMMON, *DP1], run_dir, env=ENV, check=False)
+        assert third.returncode == 2, third.stdout + third.stderr
+        assert "is in use by a run that is still going" in third.stderr
+        assert f"node 0 of the cluster=torchrun job run at 127.0.0.1:{port}" in third.stderr
+        extra = start_node(args, run_dir, "n2", {})
+        assert extra.wait(NODE_WAIT_S) == 2, extra.output
+        assert "already has its 2 nodes" in extra.output
+        assert all(n.proc.poll() is None for n in nodes)  # the job goes on
+    finally:
+        for node in nodes:
+            node.proc.kill()
+            node.wait(NODE_WAIT_S)
+
+
+def test_a_rendezvous_that_does_not_complete_names_who_came(tmp_path: Path) -> None:
+    port = free_port()
+    proc = run_launch(
+        [*COMMON, *DP2, "cluster=torchrun", "cluster.rdzv_timeout=3"],
+        tmp_path / "run",
+        env={**ENV, **pet_env(port, 0)},
+        timeout=NODE_WAIT_S,  # a subprocess with a deadline: a wait ends as a failure
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if "did not complete" in ln]
+    assert f"the rendezvous at 127.0.0.1:{port} (run) did not complete in 3 s" in line
+    assert "1 of 2 node(s) came (node 0 (" in line and "missing: node 1." in line
+    assert "Fix: start the same command on the missing node(s)" in line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
