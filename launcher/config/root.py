@@ -17,6 +17,7 @@ from launcher.config.export import ExportConfig
 from launcher.config.model import AUTO, BYTE_VOCAB, AnyModelConfig, ModelConfig
 from launcher.config.parallel import BatchConfig, ParallelConfig
 from launcher.config.serve import ServeConfig
+from launcher.config.tensor_parallel import check_tensor_parallel
 from launcher.config.tracking import TrackingConfig
 from launcher.config.train import CheckpointConfig, DebugConfig, OptimConfig, TrainConfig
 from launcher.config.verify import VerifyConfig
@@ -61,6 +62,7 @@ class RootConfig:
             require_finite(f.name, getattr(self, f.name))
         self.split()  # raises on a batch split that does not multiply out
         self._check_vocab()
+        check_tensor_parallel(self)
         local = self.cluster.name != ClusterKind.slurm
         if self.parallel.nodes > 1 and local and not self.parallel.elastic:
             raise ConfigError(

@@ -40,6 +40,7 @@ from launcher.engines.base import TorchOptimizerEngine
 from launcher.engines.fsdp_units import NEEDS_BLOCKS
 from launcher.engines.optim import build_optimizer, build_scheduler
 from launcher.models.blocks import require_blocks
+from launcher.parallel.mesh import DP
 
 
 def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:
@@ -60,6 +61,8 @@ def shard_units(model: nn.Module, blocks_path: str | None = None) -> list[nn.Mod
 def device_mesh(cfg: RootConfig, ctx: DistContext) -> DeviceMesh:
     """All ranks in one shard group, or (HSDP) `replicas` groups of consecutive ranks: a node's
     ranks are consecutive, so with one replica per node the shards stay on a node."""
+    if ctx.mesh is not None:  # tensor parallel: shard over the job mesh's dp dimension
+        return ctx.mesh[DP]
     replicas = cfg.replicas()
     if replicas == 1:
         return init_device_mesh(ctx.device.type, (ctx.world_size,))
@@ -86,6 +89,7 @@ class FSDPEngine(TorchOptimizerEngine):
             self.units.append(sharded)
         self.module = self.model = model
         self.grad_divisor = 1.0
+        self.tensor_parallel = ctx.tp > 1
         # Built after sharding, so AdamW holds (and steps) only this rank's shards.
         self.optimizer = build_optimizer(self.module, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.train.steps, cfg.optim)

@@ -13,13 +13,13 @@ from launcher.runners.base import Runner
 
 
 def runner_for(cfg: RootConfig) -> Runner:
-    """Where this config runs: SLURM for cluster=slurm, else torchrun for dp > 1, else
+    """Where this config runs: SLURM for cluster=slurm, else torchrun for dp x tp > 1, else
     in-process."""
     if cfg.cluster.name == ClusterKind.slurm:
         from launcher.runners.slurm import SlurmRunner
 
         return SlurmRunner()
-    if cfg.parallel.dp > 1:
+    if cfg.parallel.world > 1:
         from launcher.runners.torchrun import TorchrunRunner
 
         return TorchrunRunner()

@@ -1,0 +1,116 @@
+"""What parallel.tp > 1 composes with today, checked before anything starts: one ConfigError
+each, naming the keys, with a Fix that works as printed (docs/parallelism.md has the table)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from launcher.config.ac import AcPolicy
+from launcher.config.engine import EngineName
+from launcher.config.model import ModelConfig
+from launcher.errors import ConfigError
+
+if TYPE_CHECKING:
+    from launcher.config.root import RootConfig
+
+NOT_YET = "parallel.tp=1"
+"""The fix that always works: no tensor parallelism."""
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, limit + 1) if n % d == 0]
+
+
+def _largest_tp(cfg: RootConfig, model: ModelConfig) -> int:
+    """The largest tp below the asked one that the model allows."""
+    ok = [
+        t
+        for t in range(cfg.parallel.tp - 1, 0, -1)
+        if model.n_head % t == 0
+        and model.vocab % t == 0
+        and (not cfg.parallel.sequence_sharded or model.seq_len % t == 0)
+    ]
+    return ok[0] if ok else 1
+
+
+def check_tensor_parallel(cfg: RootConfig) -> None:
+    """parallel.tp > 1: the engine, the model family, the shape and the features it composes
+    with. A tp of 1 passes untouched."""
+    tp = cfg.parallel.tp
+    if tp == 1:
+        if cfg.parallel.sequence_parallel:
+            raise ConfigError(
+                ["parallel.sequence_parallel", "parallel.tp"],
+                "sequence parallelism shards the sequence over a tensor-parallel group, and "
+                "parallel.tp=1 has none.",
+                "set parallel.tp=2 (or more), or drop parallel.sequence_parallel.",
+            )
+        return
+    if cfg.engine.name == EngineName.deepspeed:
+        raise ConfigError(
+            ["parallel.tp", "engine"],
+            f"parallel.tp={tp}: tensor parallelism composes with engine=fsdp and engine=ddp; "
+            "DeepSpeed's AutoTP training is not wired in (it does not pass the exactness tests "
+            "yet).",
+            "add engine=fsdp (FSDP2 over the data-parallel ranks), or set parallel.tp=1.",
+        )
+    if not isinstance(cfg.model, ModelConfig):
+        raise ConfigError(
+            ["parallel.tp", "model"],
+            f"parallel.tp={tp}: a tensor-parallel plan exists for the built-in GPT only so far; "
+            f"model={cfg.model.name} has none.",
+            f"set {NOT_YET}, or train the built-in GPT (model=tiny, small or gpt2).",
+        )
+    _check_shape(cfg, cfg.model)
+    _check_features(cfg)
+
+
+def _check_shape(cfg: RootConfig, model: ModelConfig) -> None:
+    tp = cfg.parallel.tp
+    fix = f"set parallel.tp={_largest_tp(cfg, model)}"
+    if model.n_head % tp:
+        raise ConfigError(
+            ["parallel.tp", "model.n_head"],
+            f"tp={tp} does not divide n_head={model.n_head}: heads stay whole on a rank.",
+            f"{fix}, or a model.n_head that tp divides (divisors of {model.n_head}: "
+            f"{', '.join(map(str, _divisors(model.n_head, model.n_head)))}).",
+        )
+    if model.vocab % tp:
+        raise ConfigError(
+            ["parallel.tp", "model.vocab_size"],
+            f"tp={tp} does not divide the vocabulary of {model.vocab} tokens (the embedding and "
+            "the head are split by vocabulary rows).",
+            f"{fix}, or a model.vocab_size that is a multiple of {tp}.",
+        )
+    if cfg.parallel.sequence_sharded and model.seq_len % tp:
+        raise ConfigError(
+            ["parallel.tp", "model.seq_len", "parallel.sequence_parallel"],
+            f"sequence parallelism splits each sequence of {model.seq_len} tokens into tp={tp} "
+            "equal shards.",
+            f"{fix}, or a model.seq_len that is a multiple of {tp}, or "
+            "parallel.sequence_parallel=false.",
+        )
+
+
+def _check_features(cfg: RootConfig) -> None:
+    """Features not composed with tensor parallelism yet: refused, naming the key."""
+    tp = cfg.parallel.tp
+    refused = [
+        (cfg.train.compile, "train.compile", "set train.compile=false"),
+        (cfg.adapter.enabled, "adapter", "set adapter=none"),
+        (cfg.data.document_masks, "data.packing", "set data.packing=false"),
+        (cfg.parallel.elastic, "parallel.min_nodes", "drop parallel.min_nodes"),
+        ((cfg.parallel.replicate or 1) > 1, "parallel.replicate", "drop parallel.replicate"),
+        (cfg.checkpoint.async_, "checkpoint.async", "set checkpoint.async=false"),
+        (cfg.batch.auto, "batch.micro_size", "give batch.micro_size a number"),
+        (cfg.ac.policy == AcPolicy.auto, "ac", "name a granularity (e.g. ac=full)"),
+        (bool(cfg.eval.harness.every), "eval.harness.every", "set eval.harness.every=0"),
+        (cfg.verify.first, "verify.first", "set verify.first=false"),
+    ]
+    for on, key, fix in refused:
+        if on:
+            raise ConfigError(
+                [key, "parallel.tp"],
+                f"{key} is not composed with tensor parallelism (parallel.tp={tp}) yet.",
+                f"{fix}, or set {NOT_YET}.",
+            )
