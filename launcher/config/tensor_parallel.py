@@ -80,14 +80,14 @@ def _check_shape(cfg: RootConfig, model: ModelConfig) -> None:
             ["parallel.tp", "model.vocab_size"],
             f"tp={tp} does not divide the vocabulary of {model.vocab} tokens (the embedding and "
             "the head are split by vocabulary rows).",
-            f"{fix}, or a model.vocab_size that is a multiple of {tp}.",
+            f"{fix}, or model.vocab_size={-(-model.vocab // tp) * tp} (a multiple of {tp}).",
         )
     if cfg.parallel.sequence_sharded and model.seq_len % tp:
         raise ConfigError(
             ["parallel.tp", "model.seq_len", "parallel.sequence_parallel"],
             f"sequence parallelism splits each sequence of {model.seq_len} tokens into tp={tp} "
             "equal shards.",
-            f"{fix}, or a model.seq_len that is a multiple of {tp}, or "
+            f"{fix}, or model.seq_len={-(-model.seq_len // tp) * tp} (a multiple of {tp}), or "
             "parallel.sequence_parallel=false.",
         )
 

@@ -27,3 +27,14 @@ def with_mesh(ctx: DistContext, tp: int) -> DistContext:
 
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp), mesh_dim_names=MESH_DIMS)
     return dataclasses.replace(ctx, tp=tp, mesh=mesh)
+
+
+def mesh_lines(dp: int, tp: int, sequence_parallel: bool) -> list[str]:
+    """`launch plan`'s line for the mesh under tensor parallelism (none at tp=1)."""
+    if tp == 1:
+        return []
+    sp = ", sequence parallel" if sequence_parallel else ""
+    return [
+        f"mesh        ({DP} {dp}, {TP} {tp}): {tp} consecutive ranks per tensor-parallel "
+        f"group{sp}; the memory plan below is per rank"
+    ]
