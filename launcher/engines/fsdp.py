@@ -13,6 +13,7 @@ CPUOffloadPolicy keeps the shards and the optimizer step on the host (GPUs only,
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -90,6 +91,8 @@ class FSDPEngine(TorchOptimizerEngine):
         self.module = self.model = model
         self.grad_divisor = 1.0
         self.tensor_parallel = ctx.tp > 1
+        if self.tensor_parallel:  # the gathered logits are a view; the loss never writes them
+            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view")
         # Built after sharding, so AdamW holds (and steps) only this rank's shards.
         self.optimizer = build_optimizer(self.module, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.train.steps, cfg.optim)

@@ -8,6 +8,7 @@ goes outermost: ("pp", "dp", "tp").
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from launcher.distributed import DistContext
 
@@ -25,6 +26,9 @@ def with_mesh(ctx: DistContext, tp: int) -> DistContext:
         return ctx
     from torch.distributed.device_mesh import init_device_mesh
 
+    # DTensor's advice to flatten (dp, tp) for the norm's two reductions, once per rank and
+    # step: the reductions are exact either way, and other ranks speak only on error.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp), mesh_dim_names=MESH_DIMS)
     return dataclasses.replace(ctx, tp=tp, mesh=mesh)
 

@@ -42,7 +42,7 @@ def too_few_gpus(cfg: RootConfig, gpus: int) -> ConfigError:
             "(torch.cuda.device_count() is 0).",
             elsewhere + ".",
         )
-    fewer = [dp for dp in range(gpus, 0, -1) if _splits(cfg, dp)]
+    fewer = [dp for dp in range(gpus // cfg.parallel.tp, 0, -1) if _splits(cfg, dp)]  # x tp
     here = f"use the {gpus} GPU(s) here with parallel.dp={fewer[0]}, or " if fewer else ""
     return ConfigError(
         "parallel.dp",

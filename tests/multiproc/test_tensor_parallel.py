@@ -4,10 +4,13 @@ tokens per world rank instead of per data-parallel rank (the negative control) i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.helpers import FAST, max_rel_diff, read_metrics, read_summary, run_launch
 from tests.once import built_once
@@ -20,10 +23,19 @@ COMMON = ["train", f"train.steps={STEPS}", "batch.global_size=8", *FAST]
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def one_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference: one process, the whole global batch at once."""
-    path = built_once(tmp_path_factory, "tp-one-process", lambda p: run_launch(COMMON, p))
-    return read_metrics(path)
+    return built_once(tmp_path_factory, "tp-one-process", lambda p: run_launch(COMMON, p))
+
+
+@pytest.fixture(scope="module")
+def one_process(one_process_run: Path) -> list[dict[str, Any]]:
+    return read_metrics(one_process_run)
+
+
+def _exported(run_dir: Path, out: Path) -> dict[str, torch.Tensor]:
+    run_launch(["export", str(run_dir), "--output", str(out)])
+    return load_file(out / "model.safetensors")
 
 
 def _curves(metrics: list[dict[str, Any]]) -> dict[str, list[float]]:
@@ -38,11 +50,20 @@ def _assert_equal(run_dir: Path, reference: list[dict[str, Any]]) -> None:
     assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) < 1e-5
 
 
-def test_tp2_equals_one_process(tmp_path: Path, one_process: list[dict[str, Any]]) -> None:
-    run_launch([*COMMON, "parallel.tp=2"], tmp_path)
-    _assert_equal(tmp_path, one_process)
-    summary = read_summary(tmp_path)
+def test_tp2_equals_one_process(
+    tmp_path: Path, one_process: list[dict[str, Any]], one_process_run: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    run_launch([*COMMON, "parallel.tp=2"], run_dir)
+    _assert_equal(run_dir, one_process)
+    summary = read_summary(run_dir)
     assert (summary["world_size"], summary["dp"], summary["tp"]) == (2, 1, 2)
+    # The export of the tp run: whole tensors, one process's names, shapes and weights.
+    ours = _exported(run_dir, tmp_path / "ours")
+    theirs = _exported(one_process_run, tmp_path / "theirs")
+    assert sorted(ours) == sorted(theirs)
+    assert all(ours[k].shape == theirs[k].shape for k in theirs)
+    assert max(float((ours[k] - theirs[k]).abs().max()) for k in theirs) < 1e-5
 
 
 @pytest.mark.parametrize(
@@ -74,3 +95,28 @@ def test_counting_tokens_per_world_rank_is_caught(
     assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) > 0.1
     with pytest.raises(AssertionError):
         _assert_equal(tmp_path, one_process)
+
+
+def test_a_tp2_checkpoint_resumes_on_dp2_without_tp(
+    tmp_path: Path, one_process: list[dict[str, Any]]
+) -> None:
+    """DCP with DTensors reshards: stopped after step 4 at tp=2, steps 5-8 at dp=2 are one
+    process's."""
+    run_launch([*COMMON, "parallel.tp=2", "train.steps=4"], tmp_path)
+    proc = run_launch([*COMMON, "parallel.dp=2"], tmp_path)
+    assert "resuming from" in proc.stdout + proc.stderr
+    metrics = read_metrics(tmp_path)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    ours, theirs = _curves(metrics), _curves(one_process)
+    assert ours["tokens"] == theirs["tokens"]
+    assert max_rel_diff(ours["loss"][4:], theirs["loss"][4:]) < 1e-5
+    assert max_rel_diff(ours["grad_norm"][4:], theirs["grad_norm"][4:]) < 1e-5
+
+
+def test_launch_verify_certifies_dp2_tp2(tmp_path: Path) -> None:
+    args = ["verify", *FAST, "batch.global_size=8", "parallel.dp=2", "parallel.tp=2"]
+    proc = run_launch([*args, "engine=fsdp", "batch.grad_accum=2"], tmp_path)
+    certificate = json.loads((tmp_path / "verify.json").read_text())
+    assert certificate["certified"], proc.stdout
+    assert certificate["split"]["tp"] == 2 and certificate["split"]["dp"] == 2
+    assert "dp2 x tp2 x acc2 x micro2" in proc.stdout
