@@ -4,8 +4,6 @@ before launch, naming the keys, whose Fix works as printed."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from hydra import compose
@@ -17,7 +15,6 @@ from launcher.errors import ConfigError
 from launcher.models.shape import ModelShape
 from launcher.parallel.shape import per_tp_rank
 from launcher.training.loop import data_ranks
-from tests.helpers import run_launch
 
 TINY = ["model.n_layer=2", "model.n_head=4", "model.d_model=32", "model.seq_len=24"]
 
@@ -119,18 +116,17 @@ def test_per_rank_shape_divides_split_layers_and_keeps_norms_whole() -> None:
     assert per_tp_rank(config([]), shape) == shape
 
 
-def test_launch_plan_tp2_halves_the_parameter_bytes_per_rank(tmp_path: Path) -> None:
-    import json
-
-    parts = {}
-    for tp in (1, 2):
-        run_dir = tmp_path / f"tp{tp}"
-        proc = run_launch(["plan", f"parallel.tp={tp}", "wandb.mode=disabled"], run_dir)
-        plan = json.loads((run_dir / "plan.json").read_text())
-        parts[tp] = plan["memory_plan"]["parts"]
-        assert (plan["world_size"], plan["dp"], plan["tp"]) == (tp, 1, tp)
-        if tp == 2:
-            assert "mesh        (dp 1, tp 2)" in proc.stdout
-    assert parts[2]["parameters"] <= 0.6 * parts[1]["parameters"]
-    assert parts[2]["optimizer_state"] <= 0.6 * parts[1]["optimizer_state"]
-    assert parts[2]["activations"] < parts[1]["activations"]
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("adapter=lora", "adapter"),
+        ("ac=selective", "ac"),
+        ("ac=auto", "ac"),
+        ("batch.micro_size=auto", "batch.micro_size"),
+        ("train.compile=true", "train.compile"),
+    ],
+)
+def test_features_not_composed_yet_are_refused_before_launch(override: str, key: str) -> None:
+    error = refusal(["parallel.tp=2", override])
+    assert error.keys == [key, "parallel.tp"]
+    assert "parallel.tp=1" in error.fix
