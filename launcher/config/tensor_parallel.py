@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from launcher.config.ac import AcPolicy
 from launcher.config.engine import EngineName
-from launcher.config.model import ModelConfig
+from launcher.config.model import HF_TARGET, ModelConfig, UserModelConfig
 from launcher.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -54,15 +54,32 @@ def check_tensor_parallel(cfg: RootConfig) -> None:
             "yet).",
             "add engine=fsdp (FSDP2 over the data-parallel ranks), or set parallel.tp=1.",
         )
-    if not isinstance(cfg.model, ModelConfig):
-        raise ConfigError(
-            ["parallel.tp", "model"],
-            f"parallel.tp={tp}: a tensor-parallel plan exists for the built-in GPT only so far; "
-            f"model={cfg.model.name} has none.",
-            f"set {NOT_YET}, or train the built-in GPT (model=tiny, small or gpt2).",
-        )
-    _check_shape(cfg, cfg.model)
+    if isinstance(cfg.model, UserModelConfig):
+        _check_user_model(cfg, cfg.model)
+    else:
+        _check_shape(cfg, cfg.model)
     _check_features(cfg)
+
+
+def _check_user_model(cfg: RootConfig, model: UserModelConfig) -> None:
+    """model=hf: the family's own base_model_tp_plan (checked when the plan builds the model,
+    launcher/models/tensor_parallel.py), without sequence parallelism; model=custom: none."""
+    tp = cfg.parallel.tp
+    if model._target_ != HF_TARGET:
+        raise ConfigError(
+            ["parallel.tp", "model._target_"],
+            f"parallel.tp={tp}: tensor-parallel plans exist for the built-in GPT and Hugging Face "
+            f"models (model=hf); {model._target_} has none.",
+            f"set {NOT_YET}, or train the built-in GPT (model=tiny, small or gpt2) or model=hf.",
+        )
+    if cfg.parallel.sequence_parallel:
+        raise ConfigError(
+            ["parallel.sequence_parallel", "model"],
+            "sequence parallelism is in the built-in GPT's plan only; a Hugging Face family's "
+            "base_model_tp_plan splits heads and the MLP, with whole activations between them.",
+            "set parallel.sequence_parallel=false (or null).",
+        )
+    cfg.parallel.sequence_parallel = False  # null: off for a family's own plan
 
 
 def _check_shape(cfg: RootConfig, model: ModelConfig) -> None:

@@ -25,8 +25,8 @@ def replicated(cfg: RootConfig) -> tuple[int, int]:
 def per_tp_rank(cfg: RootConfig, shape: ModelShape) -> ModelShape:
     """`shape` as one rank of a tensor-parallel group holds it; itself at tp=1."""
     tp = cfg.parallel.tp
-    if tp == 1:
-        return shape
+    if tp == 1 or not isinstance(cfg.model, ModelConfig):
+        return shape  # a family's own plan: counted whole (an upper bound)
     block_whole, root_whole = replicated(cfg)
     whole = shape.n_blocks * block_whole + root_whole
 

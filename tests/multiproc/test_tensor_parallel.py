@@ -120,3 +120,32 @@ def test_launch_verify_certifies_dp2_tp2(tmp_path: Path) -> None:
     assert certificate["certified"], proc.stdout
     assert certificate["split"]["tp"] == 2 and certificate["split"]["dp"] == 2
     assert "dp2 x tp2 x acc2 x micro2" in proc.stdout
+
+
+LLAMA = [
+    "train",
+    f"train.steps={STEPS}",
+    "batch.global_size=8",
+    "wandb.mode=disabled",
+    "data.eval_problems=16",
+    "model=hf",
+    "model.config=tests/fixtures/tiny_llama.json",
+]
+
+
+def test_hf_llama_dp2_tp2_equals_one_process(tmp_path: Path) -> None:
+    """A Hugging Face Llama (tiny, from a config) through its family's base_model_tp_plan."""
+    run_launch(LLAMA, tmp_path / "one")
+    split = ["parallel.dp=2", "parallel.tp=2", "engine=fsdp", "batch.grad_accum=2"]
+    run_launch([*LLAMA, *split], tmp_path / "split")
+    _assert_equal(tmp_path / "split", read_metrics(tmp_path / "one"))
+
+
+def test_a_family_without_a_plan_is_refused_before_launch(tmp_path: Path) -> None:
+    gpt2 = ["model=hf", "model.config=tests/fixtures/tiny_gpt2.json"]
+    args = ["plan", *gpt2, "parallel.tp=2", "wandb.mode=disabled"]
+    proc = run_launch(args, tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "parallel.tp, model: the gpt2 family has no tensor-parallel plan" in proc.stderr
+    assert "Fix: set parallel.tp=1" in proc.stderr
+    assert not (tmp_path / "plan.json").exists()

@@ -25,8 +25,10 @@ def _hydra(hydra_conf: None) -> None:
 
 
 def config(overrides: list[str]) -> RootConfig:
-    """The config `launch` would run for these overrides."""
-    return to_root_config(compose(config_name="config", overrides=[*TINY, *overrides]))
+    """The config `launch` would run for these overrides (the built-in GPT made small unless
+    another model is named)."""
+    small = [] if any(o.startswith("model=") for o in overrides) else TINY
+    return to_root_config(compose(config_name="config", overrides=[*small, *overrides]))
 
 
 def refusal(overrides: list[str]) -> ConfigError:
@@ -130,3 +132,14 @@ def test_features_not_composed_yet_are_refused_before_launch(override: str, key:
     error = refusal(["parallel.tp=2", override])
     assert error.keys == [key, "parallel.tp"]
     assert "parallel.tp=1" in error.fix
+
+
+def test_a_user_model_has_no_plan_and_hf_has_no_sequence_parallelism() -> None:
+    custom = refusal(
+        ["parallel.tp=2", "model=custom", "model._target_=tests.fixtures.models.TinyLM"]
+    )
+    assert custom.keys == ["parallel.tp", "model._target_"]
+    hf = ["model=hf", "model.config=tests/fixtures/tiny_llama.json", "parallel.tp=2"]
+    error = refusal([*hf, "parallel.sequence_parallel=true"])
+    assert error.keys == ["parallel.sequence_parallel", "model"]
+    assert config(hf).parallel.sequence_parallel is False  # null resolves to off
