@@ -73,8 +73,9 @@ class LocalRunner(Runner):
             if per_node > gpus:
                 raise too_few_gpus(cfg, gpus)
         elif per_node > local_cpu_count():
+            ranks = "parallel.dp" if cfg.parallel.tp == 1 else "parallel.dp x parallel.tp"
             log.warning(
-                f"parallel.dp={per_node} ranks on {local_cpu_count()} CPU core(s): they will share "
+                f"{ranks}={per_node} ranks on {local_cpu_count()} CPU core(s): they will share "
                 "cores and run slower (fine for testing)."
             )
         return "cuda" if wants_gpu else "cpu"
