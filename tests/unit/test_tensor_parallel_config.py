@@ -123,8 +123,6 @@ def test_per_rank_shape_divides_split_layers_and_keeps_norms_whole() -> None:
     [
         ("adapter=lora", "adapter"),
         ("ac=selective", "ac"),
-        ("ac=auto", "ac"),
-        ("batch.micro_size=auto", "batch.micro_size"),
         ("train.compile=true", "train.compile"),
     ],
 )
