@@ -102,7 +102,8 @@ def test_a_tp2_checkpoint_resumes_on_dp2_without_tp(
 ) -> None:
     """DCP with DTensors reshards: stopped after step 4 at tp=2, steps 5-8 at dp=2 are one
     process's."""
-    run_launch([*COMMON, "parallel.tp=2", "train.steps=4"], tmp_path)
+    # Saved asynchronously (DCP's async save of the DTensors), then read on another layout.
+    run_launch([*COMMON, "parallel.tp=2", "train.steps=4", "checkpoint.async=true"], tmp_path)
     proc = run_launch([*COMMON, "parallel.dp=2"], tmp_path)
     assert "resuming from" in proc.stdout + proc.stderr
     metrics = read_metrics(tmp_path)

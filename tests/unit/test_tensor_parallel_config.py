@@ -61,10 +61,9 @@ def test_tp_not_dividing_the_heads_is_refused_with_a_fix_that_works() -> None:
         (["model.seq_len=25"], ["parallel.tp", "model.seq_len"], "model.seq_len=26"),
         (["model.vocab_size=257"], ["parallel.tp", "model.vocab_size"], "model.vocab_size=258"),
         (["train.compile=true"], ["train.compile", "parallel.tp"], "train.compile=false"),
-        (["checkpoint.async=true"], ["checkpoint.async", "parallel.tp"], "checkpoint.async=false"),
         (["parallel.dp=2", "parallel.nodes=4", "cluster=slurm"], ["parallel.tp"], None),
     ],
-    ids=["deepspeed", "seq_len", "vocab", "compile", "async", "group_across_nodes"],
+    ids=["deepspeed", "seq_len", "vocab", "compile", "group_across_nodes"],
 )
 def test_what_does_not_compose_is_refused_naming_the_key(
     overrides: list[str], keys: list[str], fix: str | None
