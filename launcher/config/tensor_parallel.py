@@ -117,7 +117,6 @@ def _check_features(cfg: RootConfig) -> None:
         (cfg.adapter.enabled, "adapter", "set adapter=none"),
         (cfg.data.document_masks, "data.packing", "set data.packing=false"),
         (cfg.parallel.elastic, "parallel.min_nodes", "drop parallel.min_nodes"),
-        ((cfg.parallel.replicate or 1) > 1, "parallel.replicate", "drop parallel.replicate"),
         # The selective op policy reads tensors' storages, which a DTensor's ops do not have.
         (cfg.ac.policy == AcPolicy.selective, "ac=selective", "use ac=full (or every_n, sqrt)"),
         (bool(cfg.eval.harness.every), "eval.harness.every", "set eval.harness.every=0"),

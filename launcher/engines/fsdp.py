@@ -41,7 +41,7 @@ from launcher.engines.base import TorchOptimizerEngine
 from launcher.engines.fsdp_units import NEEDS_BLOCKS
 from launcher.engines.optim import build_optimizer, build_scheduler
 from launcher.models.blocks import require_blocks
-from launcher.parallel.mesh import DP
+from launcher.parallel.mesh import data_parallel_mesh
 
 
 def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:
@@ -62,8 +62,8 @@ def shard_units(model: nn.Module, blocks_path: str | None = None) -> list[nn.Mod
 def device_mesh(cfg: RootConfig, ctx: DistContext) -> DeviceMesh:
     """All ranks in one shard group, or (HSDP) `replicas` groups of consecutive ranks: a node's
     ranks are consecutive, so with one replica per node the shards stay on a node."""
-    if ctx.mesh is not None:  # tensor parallel: shard over the job mesh's dp dimension
-        return ctx.mesh[DP]
+    if ctx.mesh is not None:  # tensor parallel: shard over the job mesh's dp dimension(s)
+        return data_parallel_mesh(ctx.mesh)
     replicas = cfg.replicas()
     if replicas == 1:
         return init_device_mesh(ctx.device.type, (ctx.world_size,))

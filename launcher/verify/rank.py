@@ -77,7 +77,9 @@ class GradientCapture:
 
 def verify_rank(cfg: RootConfig, out_dir: Path, ctx: DistContext) -> None:
     check_world_size(ctx, cfg.parallel.dp, cfg.parallel.nodes, cfg.parallel.tp)
-    ctx = with_mesh(ctx, cfg.parallel.tp)  # the (dp, tp) mesh, as the worker builds it
+    ctx = with_mesh(
+        ctx, cfg.parallel.tp, cfg.replicas()
+    )  # the (dp, tp) mesh, as the worker builds it
     split = cfg.split()
     model = build_model(cfg, ctx)
     switch_off_dropout(model)

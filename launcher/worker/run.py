@@ -113,7 +113,7 @@ def train_rank(
 ) -> RunEnd:
     as_planned, cfg = cfg, config_for_world(cfg, ctx)  # elastic: the split for the ranks it got
     require_planned(cfg)  # batch.micro_size=auto / ac=auto are chosen by the plan, never here
-    ctx = with_mesh(ctx, cfg.parallel.tp)  # the (dp, tp) mesh, once
+    ctx = with_mesh(ctx, cfg.parallel.tp, cfg.replicas())  # the (dp, tp) mesh, once
     split = cfg.split()
     model = build_model(cfg, ctx)
     if cfg.data.document_masks:  # before any engine wraps it

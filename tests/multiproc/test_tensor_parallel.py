@@ -71,8 +71,9 @@ def test_tp2_equals_one_process(
     [
         ["engine=fsdp"],  # FSDP2 over the dp dimension, sequence-parallel norms
         ["engine=ddp", "parallel.sequence_parallel=false"],  # replicas summed over dp
+        ["engine=fsdp", "parallel.replicate=2"],  # HSDP: (dp_replicate, dp_shard, tp)
     ],
-    ids=["fsdp_sp", "ddp_no_sp"],
+    ids=["fsdp_sp", "ddp_no_sp", "hsdp"],
 )
 def test_dp2_tp2_accumulation_and_recompute_equal_one_process(
     tmp_path: Path, one_process: list[dict[str, Any]], extra: list[str]
