@@ -113,14 +113,12 @@ def _check_features(cfg: RootConfig) -> None:
     """Features not composed with tensor parallelism yet: refused, naming the key."""
     tp = cfg.parallel.tp
     refused = [
-        (cfg.train.compile, "train.compile", "set train.compile=false"),
         (cfg.adapter.enabled, "adapter", "set adapter=none"),
         (cfg.data.document_masks, "data.packing", "set data.packing=false"),
         (cfg.parallel.elastic, "parallel.min_nodes", "drop parallel.min_nodes"),
         # The selective op policy reads tensors' storages, which a DTensor's ops do not have.
         (cfg.ac.policy == AcPolicy.selective, "ac=selective", "use ac=full (or every_n, sqrt)"),
         (bool(cfg.eval.harness.every), "eval.harness.every", "set eval.harness.every=0"),
-        (cfg.verify.first, "verify.first", "set verify.first=false"),
     ]
     for on, key, fix in refused:
         if on:

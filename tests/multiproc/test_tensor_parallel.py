@@ -85,6 +85,15 @@ def test_dp2_tp2_accumulation_and_recompute_equal_one_process(
     assert (summary["world_size"], summary["dp"], summary["tp"]) == (4, 2, 2)
 
 
+def test_tp2_compiled_equals_one_process(tmp_path: Path, one_process: list[dict[str, Any]]) -> None:
+    """train.compile after the plan (torchtitan's order): the compiled blocks run on DTensors."""
+    run_launch([*COMMON, "parallel.tp=2", "train.compile=true", "train.steps=4"], tmp_path)
+    ours, theirs = _curves(read_metrics(tmp_path)), _curves(one_process[:4])
+    assert ours["tokens"] == theirs["tokens"]
+    assert max_rel_diff(ours["loss"], theirs["loss"]) < 1e-5
+    assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) < 1e-5
+
+
 def test_counting_tokens_per_world_rank_is_caught(
     tmp_path: Path, one_process: list[dict[str, Any]]
 ) -> None:

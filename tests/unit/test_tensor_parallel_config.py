@@ -60,10 +60,9 @@ def test_tp_not_dividing_the_heads_is_refused_with_a_fix_that_works() -> None:
         (["engine=deepspeed"], ["parallel.tp", "engine"], "engine=fsdp"),
         (["model.seq_len=25"], ["parallel.tp", "model.seq_len"], "model.seq_len=26"),
         (["model.vocab_size=257"], ["parallel.tp", "model.vocab_size"], "model.vocab_size=258"),
-        (["train.compile=true"], ["train.compile", "parallel.tp"], "train.compile=false"),
         (["parallel.dp=2", "parallel.nodes=4", "cluster=slurm"], ["parallel.tp"], None),
     ],
-    ids=["deepspeed", "seq_len", "vocab", "compile", "group_across_nodes"],
+    ids=["deepspeed", "seq_len", "vocab", "group_across_nodes"],
 )
 def test_what_does_not_compose_is_refused_naming_the_key(
     overrides: list[str], keys: list[str], fix: str | None
@@ -122,7 +121,6 @@ def test_per_rank_shape_divides_split_layers_and_keeps_norms_whole() -> None:
     [
         ("adapter=lora", "adapter"),
         ("ac=selective", "ac"),
-        ("train.compile=true", "train.compile"),
     ],
 )
 def test_features_not_composed_yet_are_refused_before_launch(override: str, key: str) -> None:
