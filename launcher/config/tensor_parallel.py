@@ -50,8 +50,7 @@ def check_tensor_parallel(cfg: RootConfig) -> None:
         raise ConfigError(
             ["parallel.tp", "engine"],
             f"parallel.tp={tp}: tensor parallelism composes with engine=fsdp and engine=ddp; "
-            "DeepSpeed's AutoTP training is not wired in (it does not pass the exactness tests "
-            "yet).",
+            "DeepSpeed's AutoTP training is not wired in (nor certified token-exact).",
             "add engine=fsdp (FSDP2 over the data-parallel ranks), or set parallel.tp=1.",
         )
     if isinstance(cfg.model, UserModelConfig):
