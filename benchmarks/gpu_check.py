@@ -39,7 +39,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = [sys.executable, "-m", "launcher.cli"]
-SECTIONS = ("mfu", "memory", "dp", "offload", "async")
+SECTIONS = ("mfu", "memory", "dp", "tp", "offload", "async")
 VOCAB = 32000
 
 # About 1.07B parameters (12 * 20 * 2048^2 in the blocks, 65M in the embedding).
@@ -267,6 +267,43 @@ def section_dp(ctx: Context) -> list[Row]:
     return [Row("dp", name, "ok" if worst <= 1e-5 else "off", figures, "goal: 1e-5 relative")]
 
 
+def section_tp(ctx: Context) -> list[Row]:
+    """Tensor parallelism inside the node: tp=2 against tp=1 on the same global batches, fp32:
+    the loss and gradient norm curves (goal 1e-5), tokens/s and each rank's peak memory."""
+    name = "tp=2 (NCCL, sequence parallel) vs tp=1, fp32"
+    if ctx.gpus < 2:
+        return [Row("tp", name, "skipped", note="one GPU: nothing to split")]
+    common = [
+        *GPT_SMALL,
+        f"model.vocab_size={VOCAB}",
+        *tokens_data(ctx),
+        *QUIET,
+        "engine=fsdp",
+        "train.precision=fp32",
+        "train.steps=20",
+        "batch.global_size=8",
+        "batch.micro_size=8",
+    ]
+    try:
+        split = train(ctx, [*common, "parallel.tp=2"], ctx.work / "tp2")
+        one = train(ctx, [*common, "parallel.tp=1"], ctx.work / "tp1")
+    except Exception as exc:
+        return [_failed("tp", name, exc)]
+    worst = 0.0
+    for key in ("loss", "grad_norm"):
+        a = [m[key] for m in split["metrics"]]
+        b = [m[key] for m in one["metrics"]]
+        worst = max(worst, *(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True)))
+    figures = {
+        "max_rel_diff": worst,
+        "tokens_per_s_tp2": split.get("tokens_per_s"),
+        "tokens_per_s_tp1": one.get("tokens_per_s"),
+        "peak_gib_tp2": _gib(split.get("peak_memory_bytes")),
+        "peak_gib_tp1": _gib(one.get("peak_memory_bytes")),
+    }
+    return [Row("tp", name, "ok" if worst <= 1e-5 else "off", figures, "goal: 1e-5 relative")]
+
+
 def section_offload(ctx: Context) -> list[Row]:
     name = "fsdp engine.offload=params, GPT ~335M bf16"
     overrides = [
@@ -324,6 +361,7 @@ RUNNERS = {
     "mfu": section_mfu,
     "memory": section_memory,
     "dp": section_dp,
+    "tp": section_tp,
     "offload": section_offload,
     "async": section_async,
 }

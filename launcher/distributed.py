@@ -7,6 +7,7 @@ import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -16,14 +17,42 @@ from launcher.errors import ConfigError, EnvironmentProblem
 
 @dataclass(frozen=True)
 class DistContext:
+    """One rank's place in the job. The ranks form a (dp, tp) mesh, tp innermost: rank =
+    dp_rank x tp + tp_rank, so a tensor-parallel group is consecutive ranks (one node)."""
+
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
+    tp: int = 1
+    """Ranks of one tensor-parallel group (parallel.tp)."""
+    mesh: Any = None
+    """The job's DeviceMesh with named dimensions (launcher/parallel/mesh.py), built once in the
+    worker when tp > 1; None otherwise (the engines' own data-parallel groups)."""
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: distinct micro-batch streams."""
+        return self.world_size // self.tp
+
+    @property
+    def dp_rank(self) -> int:
+        """Which micro-batch stream this rank trains (tp peers share one)."""
+        return self.rank // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether this rank's tokens enter the step's counts and loss sums: one rank of each
+        tensor-parallel group (its peers hold the same micro-batches)."""
+        return self.tp_rank == 0
 
 
 def pick_device(requested: str, local_rank: int) -> torch.device:
@@ -65,17 +94,18 @@ def init_distributed(requested_device: str, timeout_s: float = 600.0) -> DistCon
     return DistContext(rank, world, local_rank, device)
 
 
-def check_world_size(ctx: DistContext, dp: int, nodes: int) -> None:
+def check_world_size(ctx: DistContext, dp: int, nodes: int, tp: int = 1) -> None:
     """The runtime layer of validation: the job must have the ranks the config's batch split
     assumes.
 
     (The sampler slices each global batch into dp parts; with fewer ranks, parts would go
     untrained.)
     """
-    if ctx.world_size != dp:
+    if ctx.world_size != dp * tp:
+        layout = f"dp={dp} x tp={tp}" if tp > 1 else f"dp={dp}"
         raise ConfigError(
-            ["parallel.dp", "parallel.nodes"],
-            f"this job has {ctx.world_size} rank(s), but the config asks for dp={dp} on {nodes} "
+            ["parallel.dp", "parallel.nodes", "parallel.tp"][: 3 if tp > 1 else 2],
+            f"this job has {ctx.world_size} rank(s), but the config asks for {layout} on {nodes} "
             "node(s).",
             "start it with `launch train` (which sizes torchrun and sbatch from the config), or "
             "change parallel.dp and parallel.nodes to match the job.",

@@ -22,8 +22,9 @@ from launcher.errors import ConfigError
 from launcher.memory.auto import Choice, plan_and_choose
 from launcher.memory.budget import Budget, budget_for
 from launcher.memory.machine import machine_budget
-from launcher.memory.table import memory_table
+from launcher.memory.table import beside_full, memory_table, mib
 from launcher.models.probe import ModelInfo, inspect_model
+from launcher.parallel.mesh import mesh_lines
 from launcher.recompute.estimate import estimate_all
 from launcher.runners.base import Runner
 from launcher.secrets import redactor_for
@@ -89,6 +90,11 @@ class Plan:
     full_finetune: dict[str, Any] | None = None
     """adapter=lora: the memory plan of a full fine-tune of the same model, split and engine
     (parts and planned peak), shown beside the adapter run's."""
+    dp: int = 1
+    """Data-parallel degree: distinct micro-batch streams."""
+    tp: int = 1
+    """Ranks of one tensor-parallel group (world = dp x tp)."""
+    sequence_parallel: bool = False
     config: RootConfig | None = None
     """The resolved config the ranks run (auto choices made); not in plan.json."""
 
@@ -109,7 +115,8 @@ class Plan:
         lines = [
             f"world       {self.world_size} rank(s) on {self.nodes} node(s), {self.ranks_per_node} "
             "per node",
-            f"batch       {self.global_size} sequences/step = dp {self.world_size} x grad_accum "
+            *mesh_lines(self.dp, self.tp, self.sequence_parallel),
+            f"batch       {self.global_size} sequences/step = dp {self.dp} x grad_accum "
             f"{self.grad_accum} x micro {self.micro_size}",
             f"tokens/step {self.tokens_per_step:,} positions ({self.global_size} x seq_len "
             f"{self.seq_len})",
@@ -121,11 +128,11 @@ class Plan:
             *(
                 f"elastic     on {e['nodes']} node(s): dp {e['dp']} x grad_accum "
                 f"{e['grad_accum']} x micro {e['micro_size']}, planned peak "
-                f"{_mib(e['planned_peak_bytes'])} per rank"
+                f"{mib(e['planned_peak_bytes'])} per rank"
                 for e in self.elastic
             ),
             *(self.config.restarts_note() if self.config else []),
-            *_beside_full(self.memory_plan, self.full_finetune),
+            *beside_full(self.memory_plan, self.full_finetune),
             f"runner      {self.runner}",
         ]
         if self.command:
@@ -142,20 +149,6 @@ def _vocab(plan: Plan) -> str:
     return f"vocabulary {plan.vocab_size:,}{said}, "
 
 
-def _beside_full(adapter: dict[str, Any], full: dict[str, Any] | None) -> list[str]:
-    """The adapter run's parameters, gradients, optimizer state and peak beside a full
-    fine-tune's (adapter=lora)."""
-    if not full or not adapter:
-        return []
-    lines = ["adapter     per rank          lora      full fine-tune"]
-    for part in ("parameters", "gradients", "optimizer_state"):
-        ours, theirs = adapter["parts"][part], full["parts"][part]
-        lines.append(f"  {part:<18} {_mib(ours):>12} {_mib(theirs):>14}")
-    peak, full_peak = adapter["planned_peak_bytes"], full["planned_peak_bytes"]
-    lines.append(f"  {'planned peak':<18} {_mib(peak):>12} {_mib(full_peak):>14}")
-    return lines
-
-
 def _recompute_table(estimates: dict[str, dict[str, float]], chosen: str) -> str:
     """One entry per policy: activation MiB kept / peak per micro-batch, and the FLOPs ratio."""
     if not estimates:
@@ -166,10 +159,6 @@ def _recompute_table(estimates: dict[str, dict[str, float]], chosen: str) -> str
         for name, e in estimates.items()
     ]
     return "est. kept/peak activations, FLOPs: " + ", ".join(cells)
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
 
 
 def memory_budget(cfg: RootConfig, runner: Runner) -> Budget | None:
@@ -259,7 +248,10 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
         whole = dataclasses.replace(cfg, adapter=AdapterConfig())
         full = plan_and_choose(whole, model_info(whole), None)[1].plan.to_json()
     return Plan(
-        world_size=split.dp,
+        world_size=cfg.parallel.world,
+        dp=split.dp,
+        tp=cfg.parallel.tp,
+        sequence_parallel=cfg.parallel.sequence_sharded,
         nodes=cfg.parallel.nodes,
         ranks_per_node=cfg.parallel.ranks_per_node,
         global_size=split.global_size,

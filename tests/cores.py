@@ -148,10 +148,12 @@ def ranks_started_by(args: list[str]) -> int:
     after another; SLURM's run in the cluster's jobs, whose tests hold every token)."""
     if not args or args[0] not in ("train", "verify") or "cluster=slurm" in args:
         return 1
-    most = 1
+    most, tp = 1, 1
     for arg in args:
         key, _, value = arg.lstrip("+").partition("=")
+        sizes = [int(v) for v in value.split(",") if v.strip().isdigit()]
         if key == "parallel.dp":
-            sizes = [int(v) for v in value.split(",") if v.strip().isdigit()]
             most = max([most, *sizes])
-    return most
+        elif key == "parallel.tp":  # the world is dp x tp
+            tp = max([tp, *sizes])
+    return most * tp

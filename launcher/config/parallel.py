@@ -19,10 +19,11 @@ else:  # OmegaConf 2.3 has no unions: an open node, checked in BatchConfig.__pos
 
 @dataclass
 class ParallelConfig:
-    """How many data-parallel ranks, over how many nodes."""
+    """The device mesh: data-parallel x tensor-parallel ranks, over how many nodes."""
 
     dp: int = 1
-    """Data-parallel ranks in all (world size). Ranks per node = dp / nodes."""
+    """Data-parallel degree: distinct micro-batch streams. The world is dp x tp ranks; ranks per
+    node = dp x tp / nodes."""
     nodes: int = 1
     """Nodes to spread the ranks over; more than one needs cluster=slurm."""
     min_nodes: int | None = None
@@ -32,9 +33,16 @@ class ParallelConfig:
     """engine=fsdp: hybrid sharding (HSDP), state sharded over dp / replicate ranks and replicated
     over `replicate` groups. null: the number of nodes on a multi-node job with more than one rank
     per node (all-gathers stay inside a node), else 1 (plain FSDP)."""
+    tp: int = 1
+    """Tensor parallelism: ranks of one tensor-parallel group (they share micro-batches and split
+    every layer's weights; heads stay whole on a rank). A group stays inside a node."""
+    sequence_parallel: bool | None = None
+    """With tp > 1: norms and dropout on sequence shards between the tensor-parallel regions
+    (less activation memory, the same numbers). null: true when tp > 1."""
 
     def __post_init__(self) -> None:
         require_positive("parallel.dp", self.dp)
+        require_positive("parallel.tp", self.tp)
         require_positive("parallel.nodes", self.nodes)
         require_positive("parallel.replicate", self.replicate, allow_none=True)
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
@@ -50,7 +58,16 @@ class ParallelConfig:
                 "make parallel.replicate a divisor of parallel.dp (e.g. "
                 f"parallel.replicate={self.nodes if self.dp % self.nodes == 0 else 1}).",
             )
-        if self.dp % self.nodes:
+        if self.tp > 1 and self.nodes > 1 and self.dp % self.nodes:
+            raise ConfigError(
+                ["parallel.tp", "parallel.dp", "parallel.nodes"],
+                f"dp={self.dp} x tp={self.tp} ranks over nodes={self.nodes} would put a "
+                "tensor-parallel group on two nodes (its collectives run on every layer).",
+                "make parallel.dp a multiple of parallel.nodes (e.g. "
+                f"parallel.dp={self.nodes * max(1, self.dp // self.nodes)}), so that each node "
+                "holds whole tensor-parallel groups.",
+            )
+        if self.world % self.nodes:
             raise ConfigError(
                 ["parallel.dp", "parallel.nodes"],
                 f"dp={self.dp} ranks do not split evenly over nodes={self.nodes}.",
@@ -59,8 +76,18 @@ class ParallelConfig:
             )
 
     @property
+    def world(self) -> int:
+        """Ranks in all: dp x tp."""
+        return self.dp * self.tp
+
+    @property
+    def sequence_sharded(self) -> bool:
+        """Sequence parallelism on: tp > 1 and parallel.sequence_parallel not false."""
+        return self.tp > 1 and self.sequence_parallel is not False
+
+    @property
     def ranks_per_node(self) -> int:
-        return self.dp // self.nodes
+        return self.world // self.nodes
 
     @property
     def least_nodes(self) -> int:

@@ -17,6 +17,7 @@ from launcher.config.export import ExportConfig
 from launcher.config.model import AUTO, BYTE_VOCAB, AnyModelConfig, ModelConfig
 from launcher.config.parallel import BatchConfig, ParallelConfig
 from launcher.config.serve import ServeConfig
+from launcher.config.tensor_parallel import check_tensor_parallel
 from launcher.config.tracking import TrackingConfig
 from launcher.config.train import (
     CheckpointConfig,
@@ -67,6 +68,7 @@ class RootConfig:
             require_finite(f.name, getattr(self, f.name))
         self.split()  # raises on a batch split that does not multiply out
         self._check_vocab()
+        check_tensor_parallel(self)
         local = self.cluster.name == ClusterKind.local
         if self.parallel.nodes > 1 and local and not self.parallel.elastic:
             raise ConfigError(

@@ -184,6 +184,9 @@ class DebugConfig:
 
     broken_normalization: bool = False
     """Negative control: average per-micro-batch means (the known wrong loss)."""
+    broken_tp_count: bool = False
+    """Negative control under parallel.tp > 1: count valid tokens per world rank, not per
+    data-parallel rank (each token counted tp times)."""
     raise_at_step: int | None = None
     """Make rank `raise_on_rank` raise at this 1-based step (to test failure handling)."""
     raise_on_rank: int = 0

@@ -68,7 +68,8 @@ class Engine(ABC):
         step; zeros of the parameter's full shape when it got none (launcher/verify/grads.py)."""
         if param.grad is None:
             return torch.zeros(tuple(param.shape))
-        return param.grad
+        full = getattr(param.grad, "full_tensor", None)  # a DTensor (tp, FSDP2): gathered
+        return full() if full is not None else param.grad
 
     # Checkpoints (launcher/checkpoint/checkpointer.py): each engine writes its own format.
 
@@ -134,10 +135,22 @@ class TorchOptimizerEngine(Engine):
         """The gradient norm over all ranks (sharded engines override)."""
         return norm
 
+    tensor_parallel: bool = False
+    """Parameters are DTensors on a tp mesh (parallel.tp > 1): the norm is combined per mesh."""
+
+    def clip_gradients(self) -> torch.Tensor:
+        """Clip to optim.grad_clip; the gradient norm of the whole model, equal to one
+        process's."""
+        if self.tensor_parallel:  # clip_grad_norm_ refuses parameters on different meshes
+            from launcher.parallel.norm import clip_by_total_norm
+
+            return clip_by_total_norm(list(self.module.parameters()), self.clip_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip_norm)
+        return self.global_norm(norm)
+
     def step(self) -> torch.Tensor:
         self.scaler.unscale_(self.optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip_norm)
-        norm = self.global_norm(norm)
+        norm = self.clip_gradients()
         self.scaler.step(self.optimizer)  # fp16 only: reads found_inf on the host
         self.scaler.update()
         self.scheduler.step()

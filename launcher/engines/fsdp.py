@@ -13,6 +13,7 @@ CPUOffloadPolicy keeps the shards and the optimizer step on the host (GPUs only,
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -40,6 +41,7 @@ from launcher.engines.base import TorchOptimizerEngine
 from launcher.engines.fsdp_units import NEEDS_BLOCKS
 from launcher.engines.optim import build_optimizer, build_scheduler
 from launcher.models.blocks import require_blocks
+from launcher.parallel.mesh import data_parallel_mesh
 
 
 def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:
@@ -60,6 +62,8 @@ def shard_units(model: nn.Module, blocks_path: str | None = None) -> list[nn.Mod
 def device_mesh(cfg: RootConfig, ctx: DistContext) -> DeviceMesh:
     """All ranks in one shard group, or (HSDP) `replicas` groups of consecutive ranks: a node's
     ranks are consecutive, so with one replica per node the shards stay on a node."""
+    if ctx.mesh is not None:  # tensor parallel: shard over the job mesh's dp dimension(s)
+        return data_parallel_mesh(ctx.mesh)
     replicas = cfg.replicas()
     if replicas == 1:
         return init_device_mesh(ctx.device.type, (ctx.world_size,))
@@ -86,6 +90,9 @@ class FSDPEngine(TorchOptimizerEngine):
             self.units.append(sharded)
         self.module = self.model = model
         self.grad_divisor = 1.0
+        self.tensor_parallel = ctx.tp > 1
+        if self.tensor_parallel:  # the gathered logits are a view; the loss never writes them
+            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view")
         # Built after sharding, so AdamW holds (and steps) only this rank's shards.
         self.optimizer = build_optimizer(self.module, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.train.steps, cfg.optim)

@@ -25,6 +25,7 @@ from launcher.memory.parts import MemoryPlan
 from launcher.memory.planner import Planner
 from launcher.models.probe import ModelInfo
 from launcher.models.shape import ModelShape
+from launcher.parallel.shape import per_tp_rank
 
 MICRO_BATCH_OVERHEAD = 0.25
 """Step-time model: a micro-batch of one sequence costs this much more per sequence than a large
@@ -163,6 +164,7 @@ def plan_and_choose(
         info.trainable,
         info.block_trainable,
     )
+    shape = per_tp_rank(cfg, shape)  # one tensor-parallel rank's share
     choice = choose(Planner(cfg, shape), budget)
     return resolved(cfg, choice), choice
 

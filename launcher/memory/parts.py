@@ -22,6 +22,7 @@ from launcher.config.root import RootConfig
 from launcher.engines import engine_spec
 from launcher.memory.probe import ActivationLine
 from launcher.models.shape import STATE_PARTS, ModelShape
+from launcher.parallel.shape import activation_divisor
 
 PARTS = (*STATE_PARTS, "activations")
 """The parts of the plan, in the order they are shown."""
@@ -94,13 +95,14 @@ def plan_memory(
     micro_size: int,
 ) -> MemoryPlan:
     cfg = at_micro_size(cfg, micro_size)
-    parts = {**state_parts(cfg, shape), "activations": activations.peak(micro_size)}
+    shards = activation_divisor(cfg)  # tensor and sequence parallel: a rank's share
+    parts = {**state_parts(cfg, shape), "activations": activations.peak(micro_size) // shards}
     host = host_parts(cfg, shape)
     return MemoryPlan(
         parts={name: int(parts[name]) for name in PARTS},
         micro_size=micro_size,
         ac=cfg.ac.policy.value,
-        activation_bytes=activations.saved(micro_size),
+        activation_bytes=activations.saved(micro_size) // shards,
         method=activations.method,
         host_parts={name: int(n) for name, n in host.items()},
     )

@@ -74,4 +74,6 @@ class Planner:
         """The granularities this model can run, cheapest first (all need blocks but none)."""
         if self.shape.n_blocks == 0:
             return [AcPolicy.none]
+        if self.cfg.parallel.tp > 1:  # the selective op policy does not run on DTensors
+            return [p for p in COST_ORDER if p != AcPolicy.selective]
         return list(COST_ORDER)

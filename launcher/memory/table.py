@@ -31,3 +31,21 @@ def memory_table(
     if choice is not None:
         lines.append(f"choice      {choice['reason']}")
     return lines
+
+
+def beside_full(adapter: dict[str, Any], full: dict[str, Any] | None) -> list[str]:
+    """The adapter run's parameters, gradients, optimizer state and peak beside a full
+    fine-tune's (adapter=lora)."""
+    if not full or not adapter:
+        return []
+    lines = ["adapter     per rank          lora      full fine-tune"]
+    for part in ("parameters", "gradients", "optimizer_state"):
+        ours, theirs = adapter["parts"][part], full["parts"][part]
+        lines.append(f"  {part:<18} {mib(ours):>12} {mib(theirs):>14}")
+    peak, full_peak = adapter["planned_peak_bytes"], full["planned_peak_bytes"]
+    lines.append(f"  {'planned peak':<18} {mib(peak):>12} {mib(full_peak):>14}")
+    return lines
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"

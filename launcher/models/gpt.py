@@ -73,9 +73,15 @@ class CacheView:
 
 
 class CausalSelfAttention(nn.Module):
+    """`qkv` is fused, its output rows grouped by head: [q; k; v] of head 0, then of head 1, ...
+    So any contiguous run of rows holds whole heads of q, k and v (a tensor-parallel rank's
+    share, launcher/parallel/gpt_plan.py), and forward counts the heads it got from the
+    projection's width, never from the config."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_head = cfg.n_head
+        self.head_dim = cfg.d_model // cfg.n_head
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
@@ -84,9 +90,10 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, kv: CacheView | None = None, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        b, t = x.shape[:2]
+        qkv = self.qkv(x)
+        heads = qkv.shape[-1] // (3 * self.head_dim)
+        q, k, v = (z.transpose(1, 2) for z in qkv.view(b, t, heads, 3, self.head_dim).unbind(dim=3))
         dropout = self.dropout if self.training else 0.0
         if kv is not None:
             y = kv.attend(q, k, v)
@@ -94,7 +101,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
-        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        y = y.transpose(1, 2).reshape(b, t, heads * self.head_dim)
         return self.resid_dropout(self.proj(y))
 
 

@@ -24,6 +24,7 @@ from launcher.models.blocks import BlockList, find_blocks, require_blocks
 from launcher.models.build import build_model
 from launcher.models.init_from import check_initial_weights
 from launcher.models.output import LogitsForward
+from launcher.models.tensor_parallel import check_family_plan
 from launcher.models.vocab import vocab_fix
 
 PROBE_SAMPLES = 32
@@ -179,6 +180,8 @@ def inspect_model(cfg: RootConfig, engine_needs: str | None) -> ModelInfo:
     blocks = require_blocks(model, path, needs) if needs else find_blocks(model, path)
     if cfg.model.init_from:
         check_initial_weights(model, cfg.model.init_from)
+    if cfg.parallel.tp > 1 and isinstance(cfg.model, UserModelConfig):
+        check_family_plan(model, cfg.parallel.tp)
     vocab = None
     if isinstance(cfg.model, UserModelConfig):
         with _on("meta"):

@@ -14,7 +14,7 @@ from launcher.runners.base import Runner
 
 def runner_for(cfg: RootConfig) -> Runner:
     """Where this config runs: SLURM for cluster=slurm, a node of several for cluster=torchrun,
-    else torchrun for dp > 1, else in-process."""
+    else torchrun for dp x tp > 1, else in-process."""
     if cfg.cluster.name == ClusterKind.slurm:
         from launcher.runners.slurm import SlurmRunner
 
@@ -23,7 +23,7 @@ def runner_for(cfg: RootConfig) -> Runner:
         from launcher.runners.torchrun_nodes import TorchrunNodesRunner
 
         return TorchrunNodesRunner()
-    if cfg.parallel.dp > 1:
+    if cfg.parallel.world > 1:
         from launcher.runners.torchrun import TorchrunRunner
 
         return TorchrunRunner()

@@ -60,7 +60,7 @@ def too_few_gpus(cfg: RootConfig, gpus: int) -> ConfigError:
             "(torch.cuda.device_count() is 0).",
             elsewhere + ".",
         )
-    fewer = [dp for dp in range(gpus, 0, -1) if _splits(cfg, dp)]
+    fewer = [dp for dp in range(gpus // cfg.parallel.tp, 0, -1) if _splits(cfg, dp)]  # x tp
     here = f"use the {gpus} GPU(s) here with parallel.dp={fewer[0]}, or " if fewer else ""
     return ConfigError(
         "parallel.dp",
@@ -93,8 +93,9 @@ class LocalRunner(Runner):
             if per_node > gpus:
                 raise too_few_gpus(cfg, gpus)
         elif per_node > local_cpu_count():
+            ranks = "parallel.dp" if cfg.parallel.tp == 1 else "parallel.dp x parallel.tp"
             log.warning(
-                f"parallel.dp={per_node} ranks on {local_cpu_count()} CPU core(s): they will share "
+                f"{ranks}={per_node} ranks on {local_cpu_count()} CPU core(s): they will share "
                 "cores and run slower (fine for testing)."
             )
         return "cuda" if wants_gpu else "cpu"

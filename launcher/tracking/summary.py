@@ -29,6 +29,8 @@ class RunShape:
     global_size: int
     engine: str
     ac: str
+    tp: int = 1
+    """Ranks of one tensor-parallel group (world = dp x tp)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class RunSummary:
             "peak_rss_bytes": self.peak_rss_bytes,
             "world_size": s.world_size,
             "dp": s.dp,
+            "tp": s.tp,
             "micro_size": s.micro_size,
             "grad_accum": s.grad_accum,
             "global_size": s.global_size,

@@ -50,7 +50,7 @@ class Evaluator:
         self.ctx, self.engine, self.val = ctx, engine, val
         self.every, self.last = cfg.eval.every, cfg.train.steps
         n = min(len(val), cfg.eval.batches * split.global_size)
-        self.chunks = eval_chunks(n, split.dp, split.micro_size, ctx.rank)
+        self.chunks = eval_chunks(n, split.dp, split.micro_size, ctx.dp_rank)  # tp peers: alike
 
     def __call__(self, step: int) -> float | None:
         if not due(step, self.every, self.last):
@@ -87,6 +87,8 @@ class Evaluator:
                 totals[0] += token_loss_sum(logits, targets).double()
                 totals[1] += (targets != IGNORE_INDEX).sum()
             if dist.is_initialized() and dist.get_world_size() > 1:
+                if not self.ctx.counts_tokens:  # a tp peer's sums are its group's: once
+                    totals.zero_()
                 dist.all_reduce(totals)
         finally:
             model.train(was_training)

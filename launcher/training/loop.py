@@ -39,6 +39,7 @@ from launcher.tracking.tracker import Tracker
 from launcher.training.evaluation import EvalHook
 from launcher.training.hooks import StepCallback, StopRequest
 from launcher.training.loss import (
+    DataRanks,
     LossFn,
     MicroLossContext,
     StepCounts,
@@ -62,6 +63,14 @@ def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torc
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1], device)
+
+
+def data_ranks(ctx: DistContext, broken_tp_count: bool = False) -> DataRanks:
+    """The step counts' layout: one slot per data-parallel rank, filled by one rank of each
+    tensor-parallel group. broken_tp_count: the negative control, every world rank counts."""
+    if broken_tp_count:
+        return DataRanks(ctx.rank, ctx.world_size)
+    return DataRanks(ctx.dp_rank, ctx.dp_size, ctx.counts_tokens)
 
 
 class Trainer:
@@ -88,6 +97,8 @@ class Trainer:
         self.callbacks = list(callbacks)
         self.loss_fn = loss_fn
         self.split = cfg.split()
+        self.ranks = data_ranks(ctx, cfg.debug.broken_tp_count)
+        """This rank's slot in the step's counts: its data-parallel index (tp peers share it)."""
         self.sampler = sampler_for(
             dataset, self.split.global_size, cfg.train.seed, cfg.data.order.value
         )
@@ -113,7 +124,7 @@ class Trainer:
     def _micro_batches(self, step: int) -> tuple[list[Batch], tuple[int, ...]]:
         """This rank's micro-batches of step `step`, and (a mixture) their valid tokens per
         source."""
-        indices = self.sampler.micro_batches(step, self.split, self.ctx.rank)
+        indices = self.sampler.micro_batches(step, self.split, self.ctx.dp_rank)
         batches = [collate_batch([self.dataset[i] for i in chunk]) for chunk in indices]
         if self.mixture is None:
             return batches, ()
@@ -144,7 +155,9 @@ class Trainer:
             batches = [b.to(device, non_blocking=True) for b in work.batches]
         carried = carry.loss_sum if carry is not None and carry.global_loss_sum is None else None
         with clock.section("comm"):
-            counts = self.counts(sum(work.valid), stop, carried, device, work.per_source)
+            counts = self.counts(
+                sum(work.valid), stop, carried, device, work.per_source, self.ranks
+            )
         lr, rng = engine.lr, _rng_state(device)
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         scale: torch.Tensor | float | None = None
@@ -203,7 +216,7 @@ class Trainer:
         if result is None:
             return
         if result.global_loss_sum is None and result.loss_sum is not None:
-            result.global_loss_sum = self.reduce_loss(result.loss_sum)
+            result.global_loss_sum = self.reduce_loss(result.loss_sum, self.ranks.counts)
         self._log(result)
 
     def _log(self, result: StepResult) -> None:

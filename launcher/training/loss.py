@@ -95,15 +95,28 @@ def per_micro_batch_mean(loss_sum: torch.Tensor, ctx: MicroLossContext) -> torch
     return loss_sum / max(ctx.micro_valid, 1) / ctx.grad_accum
 
 
-class StepCounts:
-    """The step's one small all-reduce, in flight: [valid tokens of each rank..., stop, loss].
+@dataclass(frozen=True)
+class DataRanks:
+    """Where a rank's counts go in the step's vector: its data-parallel index among `size`
+    streams, and whether it adds them (one rank of each tensor-parallel group does; its peers
+    hold the same micro-batches). None in StepCounts: every rank is a data-parallel rank."""
 
-    The vector lives on the device. Slot `world` carries this rank's stop request (so the ranks
-    agree on a graceful stop without a collective of its own); slot `world + 1` carries this
-    rank's summed token loss of the previous step (so the logged loss needs no collective of its
-    own either). The all-reduce is started asynchronously: the first forward runs while it is in
-    flight. `scale` waits for it in the stream (on a GPU the host does not wait; gloo's wait is
-    the host's); `read` is the host wait.
+    index: int
+    size: int
+    counts: bool = True
+
+
+class StepCounts:
+    """The step's one small all-reduce, in flight: [valid tokens of each dp rank..., stop, loss].
+
+    The vector lives on the device; the all-reduce spans every rank (the stop flag is every
+    rank's), but a tensor-parallel group adds its tokens and loss sum once. Slot `world` carries
+    this rank's stop request (so the ranks agree on a graceful stop without a collective of its
+    own); slot `world + 1` carries this rank's summed token loss of the previous step (so the
+    logged loss needs no collective of its own either). The all-reduce is started
+    asynchronously: the first forward runs while it is in flight. `scale` waits for it in the
+    stream (on a GPU the host does not wait; gloo's wait is the host's); `read` is the host
+    wait.
     """
 
     def __init__(
@@ -113,21 +126,27 @@ class StepCounts:
         carry: torch.Tensor | None,
         device: torch.device,
         per_source: tuple[int, ...] = (),
+        ranks: DataRanks | None = None,
     ) -> None:
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        if ranks is None:
+            world = dist.is_initialized()
+            ranks = DataRanks(dist.get_rank(), dist.get_world_size()) if world else DataRanks(0, 1)
+        everyone = dist.get_world_size() if dist.is_initialized() else 1
+        self.world = ranks.size
         self.local = (local_valid, stop, carry)
         self.per_source = per_source
         self.vector: torch.Tensor | None = None
         self._work: Any = None
-        if self.world == 1:
+        if everyone == 1:
             return
         vector = torch.zeros(self.world + 2 + len(per_source), dtype=torch.float64, device=device)
-        vector[dist.get_rank()] = local_valid
-        if per_source:  # a mixture's tokens per source ride along, summed
-            vector[self.world + 2 :] = torch.tensor(per_source, dtype=torch.float64)
+        if ranks.counts:
+            vector[ranks.index] = local_valid
+            if per_source:  # a mixture's tokens per source ride along, summed
+                vector[self.world + 2 :] = torch.tensor(per_source, dtype=torch.float64)
+            if carry is not None:
+                vector[self.world + 1] = carry
         vector[self.world] = float(stop)
-        if carry is not None:
-            vector[self.world + 1] = carry
         self._work = dist.all_reduce(vector, async_op=True)
         self.vector = vector
 
@@ -169,10 +188,11 @@ def all_reduce_token_counts(
     return StepCounts(local_valid, stop, None, device).read(positions)[0]
 
 
-def reduce_loss_sum(loss_sum: torch.Tensor) -> torch.Tensor:
+def reduce_loss_sum(loss_sum: torch.Tensor, counts: bool = True) -> torch.Tensor:
     """The global loss sum of a step whose sum cannot ride on a next step's counts (the last
-    step, or the one before a checkpoint): one all-reduce of its own."""
+    step, or the one before a checkpoint): one all-reduce of its own. counts=False: a
+    tensor-parallel peer, whose group's sum another rank adds."""
     if dist.is_initialized() and dist.get_world_size() > 1:
-        loss_sum = loss_sum.clone()
+        loss_sum = loss_sum.clone() if counts else torch.zeros_like(loss_sum)
         dist.all_reduce(loss_sum)
     return loss_sum

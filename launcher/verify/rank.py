@@ -22,6 +22,7 @@ from launcher.distributed import (
 from launcher.engines import build_engine
 from launcher.engines.base import Engine
 from launcher.logs import setup_logging
+from launcher.parallel.mesh import with_mesh
 from launcher.rundir import rank_error_file
 from launcher.secrets import redact
 from launcher.tracking.metrics import StepMetrics
@@ -75,9 +76,12 @@ class GradientCapture:
 
 
 def verify_rank(cfg: RootConfig, out_dir: Path, ctx: DistContext) -> None:
-    check_world_size(ctx, cfg.parallel.dp, cfg.parallel.nodes)
+    check_world_size(ctx, cfg.parallel.dp, cfg.parallel.nodes, cfg.parallel.tp)
+    ctx = with_mesh(
+        ctx, cfg.parallel.tp, cfg.replicas()
+    )  # the (dp, tp) mesh, as the worker builds it
     split = cfg.split()
-    model = build_model(cfg)
+    model = build_model(cfg, ctx)
     switch_off_dropout(model)
     if ctx.is_main:
         warn_batch_dependent_layers(model, split.micro_size, split.global_size)

@@ -17,7 +17,8 @@ from launcher.verify.results import CERTIFICATE_FILE, RunResult
 
 
 def split_name(split: dict[str, int]) -> str:
-    return f"dp{split['dp']} x acc{split['grad_accum']} x micro{split['micro_size']}"
+    tp = f" x tp{split['tp']}" if split.get("tp", 1) > 1 else ""
+    return f"dp{split['dp']}{tp} x acc{split['grad_accum']} x micro{split['micro_size']}"
 
 
 def engine_name(cfg: RootConfig) -> str:
@@ -47,7 +48,7 @@ class Certificate:
         """One line of the table (and of a sweep summary)."""
         name, gap = self.comparison.worst_param
         return {
-            "split": split_name(self.split.split),
+            "split": split_name({**self.split.split, "tp": self.split_cfg.parallel.tp}),
             "engine": engine_name(self.split_cfg),
             "policy": self.split_cfg.ac.policy.value,
             "loss gap per step": " ".join(_gap(g) for g in self.comparison.loss_gaps),
@@ -80,7 +81,11 @@ class Certificate:
             )
         return {
             "certified": self.certified,
-            "split": {**self.split.split, "engine": engine_name(self.split_cfg)},
+            "split": {
+                **self.split.split,
+                **({"tp": tp} if (tp := self.split_cfg.parallel.tp) > 1 else {}),
+                "engine": engine_name(self.split_cfg),
+            },
             "engine": self.split_cfg.engine.name.value,
             "zero_stage": engine_spec(self.split_cfg.engine.name).zero_stage(self.split_cfg),
             "policy": self.split_cfg.ac.policy.value,

@@ -32,11 +32,11 @@ def config_for_world(cfg: RootConfig, ctx: DistContext) -> RootConfig:
     """The config for the ranks this job has: itself, or (elastic) the split on fewer nodes."""
     parallel = cfg.parallel
     per_node = parallel.ranks_per_node
-    if parallel.elastic and ctx.world_size != parallel.dp and ctx.world_size % per_node == 0:
+    if parallel.elastic and ctx.world_size != parallel.world and ctx.world_size % per_node == 0:
         nodes = ctx.world_size // per_node
         if parallel.least_nodes <= nodes <= parallel.nodes:
             return cfg.on_nodes(nodes)
-    check_world_size(ctx, parallel.dp, parallel.nodes)
+    check_world_size(ctx, parallel.dp, parallel.nodes, parallel.tp)
     return cfg
 
 

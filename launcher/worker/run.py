@@ -28,6 +28,8 @@ from launcher.memory.auto import require_planned
 from launcher.memory.peak import PeakMeter, planned_peak_bytes
 from launcher.models.adapted import base_identity, build_trained_model
 from launcher.models.documents import require_position_ids
+from launcher.parallel.apply import apply_tensor_parallel
+from launcher.parallel.mesh import with_mesh
 from launcher.recompute.measure import activation_report
 from launcher.recompute.policies import apply_recompute
 from launcher.rundir import clear_stopped, rank_error_file, read_stopped
@@ -82,10 +84,14 @@ def warn_batch_dependent_layers(model: nn.Module, micro_size: int, global_size: 
     return True
 
 
-def build_model(cfg: RootConfig) -> nn.Module:
+def build_model(cfg: RootConfig, ctx: DistContext | None = None) -> nn.Module:
+    """The model as the engine receives it, in torchtitan's order: tensor parallelism (ctx on a
+    tp mesh), recompute, compile."""
     seed_everything(cfg.train.seed)  # the same initial weights on every rank and every split
     # The built-in GPT or the user's own, its initial weights, then the adapters (adapter=lora).
     model = build_trained_model(cfg)
+    if ctx is not None:
+        model = apply_tensor_parallel(cfg, model, ctx)
     apply_recompute(model, cfg.ac, blocks_path(cfg.model))
     if cfg.train.compile:  # after the policy (it wraps blocks), before an engine shards them
         compile_blocks(model, cfg.ac, blocks_path(cfg.model))
@@ -112,8 +118,9 @@ def train_rank(
 ) -> RunEnd:
     as_planned, cfg = cfg, config_for_world(cfg, ctx)  # elastic: the split for the ranks it got
     require_planned(cfg)  # batch.micro_size=auto / ac=auto are chosen by the plan, never here
+    ctx = with_mesh(ctx, cfg.parallel.tp, cfg.replicas())  # the (dp, tp) mesh, once
     split = cfg.split()
-    model = build_model(cfg)
+    model = build_model(cfg, ctx)
     if cfg.data.document_masks:  # before any engine wraps it
         require_position_ids(model)
     base = base_identity(cfg, model)  # adapter runs: what the checkpoints' adapters sit on
@@ -179,19 +186,27 @@ def train_rank(
     meter.close()  # a resumed run may end inside the window
     peak_memory = peak_memory_bytes(ctx.device, meter)  # before the probe resets CUDA's peak
     probe_inputs, probe_targets, _ = trainer.probe_batch()
-    # Measured on a replica, no collectives: rank 0 alone writes summary.json.
+    # Measured on a replica, no collectives: rank 0 alone writes summary.json. A tensor-parallel
+    # model's forward is collective, and decoding it is not wired in: neither runs under tp.
+    alone = ctx.tp == 1
     activations = (
-        activation_report(cfg, engine.module, probe_inputs, probe_targets) if ctx.is_main else {}
+        activation_report(cfg, engine.module, probe_inputs, probe_targets)
+        if ctx.is_main and alone
+        else {}
     )
     with eager():  # a new shape every decoding step: not worth compiling
-        accuracy = exact_match(
-            engine.module,
-            dataset.eval_problems(),
-            cfg.model.seq_len,
-            ctx.device,
-            cfg.data,
-            report=sys.stdout if ctx.is_main else None,
-            trained=cfg.train.steps * split.global_size,  # a short run: a short evaluation
+        accuracy = (
+            exact_match(
+                engine.module,
+                dataset.eval_problems(),
+                cfg.model.seq_len,
+                ctx.device,
+                cfg.data,
+                report=sys.stdout if ctx.is_main else None,
+                trained=cfg.train.steps * split.global_size,  # a short run: a short evaluation
+            )
+            if alone
+            else None
         )
     shape = RunShape(
         world_size=ctx.world_size,
@@ -201,6 +216,7 @@ def train_rank(
         global_size=split.global_size,
         engine=cfg.engine.name.value,
         ac=cfg.ac.policy.value,
+        tp=ctx.tp,
     )
     summary = tracker.summary(
         shape,

@@ -114,6 +114,7 @@ SUMMARY_VALUES = frozenset(
         "tokens",
         "world_size",
         "dp",
+        "tp",
         "micro_size",
         "grad_accum",
         "global_size",

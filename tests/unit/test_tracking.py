@@ -102,6 +102,7 @@ SUMMARY_KEYS = [
     "peak_rss_bytes",
     "world_size",
     "dp",
+    "tp",
     "micro_size",
     "grad_accum",
     "global_size",

@@ -1,0 +1,128 @@
+"""What parallel.tp > 1 composes with today, checked before anything starts: one ConfigError
+each, naming the keys, with a Fix that works as printed (docs/parallelism.md has the table)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from launcher.config.ac import AcPolicy
+from launcher.config.engine import EngineName
+from launcher.config.model import HF_TARGET, ModelConfig, UserModelConfig
+from launcher.errors import ConfigError
+
+if TYPE_CHECKING:
+    from launcher.config.root import RootConfig
+
+NOT_YET = "parallel.tp=1"
+"""The fix that always works: no tensor parallelism."""
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, limit + 1) if n % d == 0]
+
+
+def _largest_tp(cfg: RootConfig, model: ModelConfig) -> int:
+    """The largest tp below the asked one that the model allows."""
+    ok = [
+        t
+        for t in range(cfg.parallel.tp - 1, 0, -1)
+        if model.n_head % t == 0
+        and model.vocab % t == 0
+        and (not cfg.parallel.sequence_sharded or model.seq_len % t == 0)
+    ]
+    return ok[0] if ok else 1
+
+
+def check_tensor_parallel(cfg: RootConfig) -> None:
+    """parallel.tp > 1: the engine, the model family, the shape and the features it composes
+    with. A tp of 1 passes untouched."""
+    tp = cfg.parallel.tp
+    if tp == 1:
+        if cfg.parallel.sequence_parallel:
+            raise ConfigError(
+                ["parallel.sequence_parallel", "parallel.tp"],
+                "sequence parallelism shards the sequence over a tensor-parallel group, and "
+                "parallel.tp=1 has none.",
+                "set parallel.tp=2 (or more), or drop parallel.sequence_parallel.",
+            )
+        return
+    if cfg.engine.name == EngineName.deepspeed:
+        raise ConfigError(
+            ["parallel.tp", "engine"],
+            f"parallel.tp={tp}: tensor parallelism composes with engine=fsdp and engine=ddp; "
+            "DeepSpeed's AutoTP training is not wired in (nor certified token-exact).",
+            "add engine=fsdp (FSDP2 over the data-parallel ranks), or set parallel.tp=1.",
+        )
+    if isinstance(cfg.model, UserModelConfig):
+        _check_user_model(cfg, cfg.model)
+    else:
+        _check_shape(cfg, cfg.model)
+    _check_features(cfg)
+
+
+def _check_user_model(cfg: RootConfig, model: UserModelConfig) -> None:
+    """model=hf: the family's own base_model_tp_plan (checked when the plan builds the model,
+    launcher/models/tensor_parallel.py), without sequence parallelism; model=custom: none."""
+    tp = cfg.parallel.tp
+    if model._target_ != HF_TARGET:
+        raise ConfigError(
+            ["parallel.tp", "model._target_"],
+            f"parallel.tp={tp}: tensor-parallel plans exist for the built-in GPT and Hugging Face "
+            f"models (model=hf); {model._target_} has none.",
+            f"set {NOT_YET}, or train the built-in GPT (model=tiny, small or gpt2) or model=hf.",
+        )
+    if cfg.parallel.sequence_parallel:
+        raise ConfigError(
+            ["parallel.sequence_parallel", "model"],
+            "sequence parallelism is in the built-in GPT's plan only; a Hugging Face family's "
+            "base_model_tp_plan splits heads and the MLP, with whole activations between them.",
+            "set parallel.sequence_parallel=false (or null).",
+        )
+    cfg.parallel.sequence_parallel = False  # null: off for a family's own plan
+
+
+def _check_shape(cfg: RootConfig, model: ModelConfig) -> None:
+    tp = cfg.parallel.tp
+    fix = f"set parallel.tp={_largest_tp(cfg, model)}"
+    if model.n_head % tp:
+        raise ConfigError(
+            ["parallel.tp", "model.n_head"],
+            f"tp={tp} does not divide n_head={model.n_head}: heads stay whole on a rank.",
+            f"{fix}, or a model.n_head that tp divides (divisors of {model.n_head}: "
+            f"{', '.join(map(str, _divisors(model.n_head, model.n_head)))}).",
+        )
+    if model.vocab % tp:
+        raise ConfigError(
+            ["parallel.tp", "model.vocab_size"],
+            f"tp={tp} does not divide the vocabulary of {model.vocab} tokens (the embedding and "
+            "the head are split by vocabulary rows).",
+            f"{fix}, or model.vocab_size={-(-model.vocab // tp) * tp} (a multiple of {tp}).",
+        )
+    if cfg.parallel.sequence_sharded and model.seq_len % tp:
+        raise ConfigError(
+            ["parallel.tp", "model.seq_len", "parallel.sequence_parallel"],
+            f"sequence parallelism splits each sequence of {model.seq_len} tokens into tp={tp} "
+            "equal shards.",
+            f"{fix}, or model.seq_len={-(-model.seq_len // tp) * tp} (a multiple of {tp}), or "
+            "parallel.sequence_parallel=false.",
+        )
+
+
+def _check_features(cfg: RootConfig) -> None:
+    """Features not composed with tensor parallelism yet: refused, naming the key."""
+    tp = cfg.parallel.tp
+    refused = [
+        (cfg.adapter.enabled, "adapter", "set adapter=none"),
+        (cfg.data.document_masks, "data.packing", "set data.packing=false"),
+        (cfg.parallel.elastic, "parallel.min_nodes", "drop parallel.min_nodes"),
+        # The selective op policy reads tensors' storages, which a DTensor's ops do not have.
+        (cfg.ac.policy == AcPolicy.selective, "ac=selective", "use ac=full (or every_n, sqrt)"),
+        (bool(cfg.eval.harness.every), "eval.harness.every", "set eval.harness.every=0"),
+    ]
+    for on, key, fix in refused:
+        if on:
+            raise ConfigError(
+                [key.split("=")[0], "parallel.tp"],
+                f"{key} is not composed with tensor parallelism (parallel.tp={tp}) yet.",
+                f"{fix}, or set {NOT_YET}.",
+            )

@@ -1,0 +1,62 @@
+"""The job's device mesh: named dimensions, built once in the worker.
+
+Ranks are laid out (dp, tp), tp innermost: a tensor-parallel group is consecutive ranks, so it
+stays on one node (the config refuses a layout that would not). With FSDP2's hybrid sharding
+(parallel.replicate=R) the data-parallel dimension is two: ("dp_replicate", "dp_shard", "tp"). A
+pipeline dimension (issue 45) goes outermost: ("pp", "dp", "tp").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from launcher.distributed import DistContext
+
+DP = "dp"
+"""Data-parallel: distinct micro-batch streams; FSDP2 shards and gradients reduce over it."""
+TP = "tp"
+"""Tensor-parallel: the ranks that split every layer and share micro-batches."""
+MESH_DIMS = (DP, TP)
+DP_REPLICATE, DP_SHARD = "dp_replicate", "dp_shard"
+"""Hybrid sharding: the replica groups, and the ranks one group shards over."""
+
+
+def with_mesh(ctx: DistContext, tp: int, replicas: int = 1) -> DistContext:
+    """This rank's context on the (dp, tp) mesh (dp split into replicas x shards under hybrid
+    sharding); unchanged (no mesh, nothing imported) at tp=1. Collective: every rank calls it
+    once, after the process group is up."""
+    if tp == 1:
+        return ctx
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # DTensor's advice to flatten (dp, tp) for the norm's two reductions, once per rank and
+    # step: the reductions are exact either way, and other ranks speak only on error.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    dp = ctx.world_size // tp
+    shape: tuple[int, ...]
+    names: tuple[str, ...]
+    if replicas > 1:
+        shape, names = (replicas, dp // replicas, tp), (DP_REPLICATE, DP_SHARD, TP)
+    else:
+        shape, names = (dp, tp), MESH_DIMS
+    mesh = init_device_mesh(ctx.device.type, shape, mesh_dim_names=names)
+    return dataclasses.replace(ctx, tp=tp, mesh=mesh)
+
+
+def data_parallel_mesh(mesh: Any) -> Any:
+    """The mesh's data-parallel part: ("dp",), or (replicate, shard) under hybrid sharding."""
+    names = mesh.mesh_dim_names or ()
+    return mesh[DP] if DP in names else mesh[DP_REPLICATE, DP_SHARD]
+
+
+def mesh_lines(dp: int, tp: int, sequence_parallel: bool) -> list[str]:
+    """`launch plan`'s line for the mesh under tensor parallelism (none at tp=1)."""
+    if tp == 1:
+        return []
+    sp = ", sequence parallel" if sequence_parallel else ""
+    return [
+        f"mesh        ({DP} {dp}, {TP} {tp}): {tp} consecutive ranks per tensor-parallel "
+        f"group{sp}; the memory plan below is per rank"
+    ]

@@ -1,0 +1,162 @@
+"""`launch train parallel.tp=2` (and dp=2 x tp=2) on real gloo ranks: the loss, the gradient norm
+and the token count of every step equal one process's on the same global batches; counting
+tokens per world rank instead of per data-parallel rank (the negative control) is caught."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers import FAST, max_rel_diff, read_metrics, read_summary, run_launch
+from tests.once import built_once
+
+pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
+
+STEPS = 8
+# The built-in task (mostly padding: a wrong denominator shows), 8 sequences per step.
+COMMON = ["train", f"train.steps={STEPS}", "batch.global_size=8", *FAST]
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: one process, the whole global batch at once."""
+    return built_once(tmp_path_factory, "tp-one-process", lambda p: run_launch(COMMON, p))
+
+
+@pytest.fixture(scope="module")
+def one_process(one_process_run: Path) -> list[dict[str, Any]]:
+    return read_metrics(one_process_run)
+
+
+def _exported(run_dir: Path, out: Path) -> dict[str, torch.Tensor]:
+    run_launch(["export", str(run_dir), "--output", str(out)])
+    return load_file(out / "model.safetensors")
+
+
+def _curves(metrics: list[dict[str, Any]]) -> dict[str, list[float]]:
+    return {key: [m[key] for m in metrics] for key in ("loss", "grad_norm", "tokens")}
+
+
+def _assert_equal(run_dir: Path, reference: list[dict[str, Any]]) -> None:
+    ours, theirs = _curves(read_metrics(run_dir)), _curves(reference)
+    assert len(ours["loss"]) == STEPS
+    assert ours["tokens"] == theirs["tokens"]  # each token counted once
+    assert max_rel_diff(ours["loss"], theirs["loss"]) < 1e-5
+    assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) < 1e-5
+
+
+def test_tp2_equals_one_process(
+    tmp_path: Path, one_process: list[dict[str, Any]], one_process_run: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    run_launch([*COMMON, "parallel.tp=2"], run_dir)
+    _assert_equal(run_dir, one_process)
+    summary = read_summary(run_dir)
+    assert (summary["world_size"], summary["dp"], summary["tp"]) == (2, 1, 2)
+    # The export of the tp run: whole tensors, one process's names, shapes and weights.
+    ours = _exported(run_dir, tmp_path / "ours")
+    theirs = _exported(one_process_run, tmp_path / "theirs")
+    assert sorted(ours) == sorted(theirs)
+    assert all(ours[k].shape == theirs[k].shape for k in theirs)
+    assert max(float((ours[k] - theirs[k]).abs().max()) for k in theirs) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["engine=fsdp"],  # FSDP2 over the dp dimension, sequence-parallel norms
+        ["engine=ddp", "parallel.sequence_parallel=false"],  # replicas summed over dp
+        ["engine=fsdp", "parallel.replicate=2"],  # HSDP: (dp_replicate, dp_shard, tp)
+    ],
+    ids=["fsdp_sp", "ddp_no_sp", "hsdp"],
+)
+def test_dp2_tp2_accumulation_and_recompute_equal_one_process(
+    tmp_path: Path, one_process: list[dict[str, Any]], extra: list[str]
+) -> None:
+    split = ["parallel.dp=2", "parallel.tp=2", "batch.grad_accum=2", "ac=full"]
+    run_launch([*COMMON, *split, *extra], tmp_path)
+    _assert_equal(tmp_path, one_process)
+    summary = read_summary(tmp_path)
+    assert (summary["world_size"], summary["dp"], summary["tp"]) == (4, 2, 2)
+
+
+def test_tp2_compiled_equals_one_process(tmp_path: Path, one_process: list[dict[str, Any]]) -> None:
+    """train.compile after the plan (torchtitan's order): the compiled blocks run on DTensors."""
+    run_launch([*COMMON, "parallel.tp=2", "train.compile=true", "train.steps=4"], tmp_path)
+    ours, theirs = _curves(read_metrics(tmp_path)), _curves(one_process[:4])
+    assert ours["tokens"] == theirs["tokens"]
+    assert max_rel_diff(ours["loss"], theirs["loss"]) < 1e-5
+    assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) < 1e-5
+
+
+def test_counting_tokens_per_world_rank_is_caught(
+    tmp_path: Path, one_process: list[dict[str, Any]]
+) -> None:
+    """The negative control: every rank of a tp group adds its (shared) tokens."""
+    broken = ["parallel.dp=2", "parallel.tp=2", "debug.broken_tp_count=true"]
+    run_launch([*COMMON, *broken], tmp_path)
+    ours, theirs = _curves(read_metrics(tmp_path)), _curves(one_process)
+    assert ours["tokens"] == [2 * t for t in theirs["tokens"]]
+    assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) > 0.1
+    with pytest.raises(AssertionError):
+        _assert_equal(tmp_path, one_process)
+
+
+def test_a_tp2_checkpoint_resumes_on_dp2_without_tp(
+    tmp_path: Path, one_process: list[dict[str, Any]]
+) -> None:
+    """DCP with DTensors reshards: stopped after step 4 at tp=2, steps 5-8 at dp=2 are one
+    process's."""
+    # Saved asynchronously (DCP's async save of the DTensors), then read on another layout.
+    run_launch([*COMMON, "parallel.tp=2", "train.steps=4", "checkpoint.async=true"], tmp_path)
+    proc = run_launch([*COMMON, "parallel.dp=2"], tmp_path)
+    assert "resuming from" in proc.stdout + proc.stderr
+    metrics = read_metrics(tmp_path)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    ours, theirs = _curves(metrics), _curves(one_process)
+    assert ours["tokens"] == theirs["tokens"]
+    assert max_rel_diff(ours["loss"][4:], theirs["loss"][4:]) < 1e-5
+    assert max_rel_diff(ours["grad_norm"][4:], theirs["grad_norm"][4:]) < 1e-5
+
+
+def test_launch_verify_certifies_dp2_tp2(tmp_path: Path) -> None:
+    args = ["verify", *FAST, "batch.global_size=8", "parallel.dp=2", "parallel.tp=2"]
+    proc = run_launch([*args, "engine=fsdp", "batch.grad_accum=2"], tmp_path)
+    certificate = json.loads((tmp_path / "verify.json").read_text())
+    assert certificate["certified"], proc.stdout
+    assert certificate["split"]["tp"] == 2 and certificate["split"]["dp"] == 2
+    assert "dp2 x tp2 x acc2 x micro2" in proc.stdout
+
+
+LLAMA = [
+    "train",
+    f"train.steps={STEPS}",
+    "batch.global_size=8",
+    "wandb.mode=disabled",
+    "data.eval_problems=16",
+    "model=hf",
+    "model.config=tests/fixtures/tiny_llama.json",
+]
+
+
+def test_hf_llama_dp2_tp2_equals_one_process(tmp_path: Path) -> None:
+    """A Hugging Face Llama (tiny, from a config) through its family's base_model_tp_plan."""
+    run_launch(LLAMA, tmp_path / "one")
+    split = ["parallel.dp=2", "parallel.tp=2", "engine=fsdp", "batch.grad_accum=2"]
+    run_launch([*LLAMA, *split], tmp_path / "split")
+    _assert_equal(tmp_path / "split", read_metrics(tmp_path / "one"))
+
+
+def test_a_family_without_a_plan_is_refused_before_launch(tmp_path: Path) -> None:
+    gpt2 = ["model=hf", "model.config=tests/fixtures/tiny_gpt2.json"]
+    args = ["plan", *gpt2, "parallel.tp=2", "wandb.mode=disabled"]
+    proc = run_launch(args, tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "parallel.tp, model: the gpt2 family has no tensor-parallel plan" in proc.stderr
+    assert "Fix: set parallel.tp=1" in proc.stderr
+    assert not (tmp_path / "plan.json").exists()
