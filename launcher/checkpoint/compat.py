@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config.data import CONCAT, DataConfig
+from launcher.config.model import QKV_ROWS_KEY
 from launcher.config.root import RootConfig
 from launcher.config.sources import expand, names_many
 from launcher.data.packing import PLACEMENT
@@ -135,6 +136,7 @@ def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path, warn: bo
         saved[ORDER_KEY] = LEGACY_ORDER
     if saved:
         _before_document_masks(saved)
+        _before_qkv_rows_by_head(saved, now, path)
     changed = [k for k in now if k in saved and saved[k] != now[k]]
     if STEPS_KEY in changed:
         changed.remove(STEPS_KEY)
@@ -160,6 +162,20 @@ def check_compatible(meta: dict[str, Any], cfg: RootConfig, path: Path, warn: bo
             "the checkpoints with train.resume=never checkpoint.overwrite=true.",
         )
     check_engine_format(meta, cfg, path)
+
+
+def _before_qkv_rows_by_head(saved: dict[str, Any], now: dict[str, Any], path: Path) -> None:
+    """The built-in GPT's qkv rows were [q; k; v] whole before they were grouped by head: the
+    same shapes in another order, so loading such a checkpoint would train a scrambled model."""
+    if QKV_ROWS_KEY in now and "model.n_layer" in saved and QKV_ROWS_KEY not in saved:
+        raise ConfigError(
+            "train.resume",
+            f"checkpoint {path} was written by a launcher before 2026-12-04, whose built-in GPT "
+            "ordered its fused qkv rows [q; k; v]; they are grouped by head now (tensor "
+            "parallelism), so its weights would load scrambled.",
+            "start a new run elsewhere (hydra.run.dir=...), or discard the checkpoints with "
+            "train.resume=never checkpoint.overwrite=true.",
+        )
 
 
 def _before_document_masks(saved: dict[str, Any]) -> None:

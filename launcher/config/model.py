@@ -81,8 +81,13 @@ class ModelConfig:
         """The shape a resumed run must keep (checkpoint compatibility)."""
         keys = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "mlp_ratio")
         shape = {**vars(self), "vocab_size": self.vocab}
-        return {f"model.{key}": shape[key] for key in keys}
+        return {**{f"model.{key}": shape[key] for key in keys}, QKV_ROWS_KEY: QKV_ROWS}
 
+
+QKV_ROWS_KEY, QKV_ROWS = "model.qkv_rows", "by_head"
+"""The built-in GPT's fused qkv rows are grouped by head (q, k, v of head 0, then head 1, ...)
+since 2026-12-04, so that a tensor-parallel shard holds whole heads; before, [q; k; v] whole.
+A checkpoint's fingerprint without this key has the old rows (launcher/checkpoint/compat.py)."""
 
 LAUNCHER_KEYS = ("_target_", "name", "seq_len", "blocks", "init_from")
 """A user model's keys that the launcher reads; every other key is the model's own argument."""

@@ -335,3 +335,14 @@ def test_a_stop_before_the_first_step_saves_nothing_and_starts_over(
     checkpoints = Checkpointer(cfg, tmp_path / "stopped", ctx, trainer)
     assert checkpoints.resume(restarted=True) is None
     assert train(trainer, checkpoints, 2) == run(cfg, ctx, tmp_path / "straight")
+
+
+def test_a_checkpoint_from_before_qkv_rows_by_head_is_refused(tmp_path: Path) -> None:
+    # The same shapes in another row order: loading it would scramble the built-in GPT.
+    cfg = config()
+    legacy = fingerprint(cfg)
+    del legacy["model.qkv_rows"]
+    with pytest.raises(ConfigError) as err:
+        check_compatible({"fingerprint": legacy}, cfg, tmp_path)
+    assert err.value.keys == ["train.resume"] and "train.resume=never" in str(err.value)
+    check_compatible({"fingerprint": fingerprint(cfg)}, cfg, tmp_path)  # today's: accepted
