@@ -130,7 +130,7 @@ def train_rank(
     data = build_data(cfg, model)
     dataset = data.train
     if ctx.is_main:  # small data told the truth: packing, a global batch past an epoch
-        announce_data(dataset, split.global_size)
+        announce_data(dataset, split, cfg.batch.micro, cfg.batch.grad_accum)
     tracker = start_tracking(cfg, run_dir, ctx)
     trainer = Trainer(cfg, ctx, engine, dataset, tracker, loss_fn=loss_function(cfg))
     checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
