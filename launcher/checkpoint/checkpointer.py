@@ -134,9 +134,12 @@ class Checkpointer:
         if self.ctx.is_main:
             write_stopped(self.run_dir, self.trainer.step, saved, reason)
             where = f"saved {saved}" if saved else f"nothing saved ({self._unsaved_reason()})"
+            # Nothing trained and nothing saved before: the same command starts over.
+            fresh = saved is None and self.enabled and self.trainer.step == 0
             log.warning(
                 f"stopped after step {self.trainer.step} of {self.cfg.train.steps}, {where}. "
-                f"Run the same command to resume (exit status {STOPPED_RESUMABLE})."
+                f"Run the same command to {'start over' if fresh else 'resume'} (exit status "
+                f"{STOPPED_RESUMABLE})."
             )
         barrier()
         return saved
@@ -144,7 +147,7 @@ class Checkpointer:
     def _unsaved_reason(self) -> str:
         if not self.enabled:
             return "checkpoint.enabled=false"
-        return "no step was trained yet: the same command starts over"
+        return "no step was trained yet"
 
     def save(self) -> Path:
         """Collective: save this step. With checkpoint.async=true the state is copied and the
