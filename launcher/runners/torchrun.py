@@ -134,10 +134,16 @@ def run_torchrun(
     in the shared run directory are node 0's to clear; `scratch`: this node's torchrun scratch.
     """
     from launcher.runners.agent import blame, run_agent, write_failures
-    from launcher.runners.held import held_exit_line, write_held_summary
+    from launcher.runners.held import (
+        died_after_work,
+        died_exit_line,
+        hang_exit_line,
+        held_exit_line,
+        write_held_summary,
+    )
     from launcher.runners.signals import StopAtOnce, forward_stop_signals
     from launcher.runners.slurm_node import resumable
-    from launcher.runners.watchdog import Watchdog, hang_exit_line
+    from launcher.runners.watchdog import Watchdog
     from launcher.tracking.run_end import write_hung_summary
 
     assert argv[0] == TORCHRUN, argv
@@ -168,9 +174,14 @@ def run_torchrun(
         return COMPLETE_HELD
     if failures and watchdog.hangs:
         write_failures(rank_failures_file(run_dir), failures)
-        log.error(hang_exit_line(watchdog.hangs, HUNG))
+        log.error(hang_exit_line(watchdog.hangs, HUNG, run_dir))
         write_hung_summary(run_dir, watchdog.hangs[-1], HUNG)
         return HUNG
+    if failures and (died := died_after_work(run_dir, failures)) is not None:
+        write_failures(rank_failures_file(run_dir), failures)
+        log.error(died_exit_line(died, COMPLETE_HELD))
+        write_held_summary(run_dir, died, COMPLETE_HELD, key="died_after_work")
+        return COMPLETE_HELD
     if failures:
         write_failures(rank_failures_file(run_dir), failures)
         log.error(blame(failures, run_dir))

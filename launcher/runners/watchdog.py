@@ -175,6 +175,7 @@ class Watchdog:
             phases={r.rank: r.beat.get("phase") for r in held.late},
             complete=complete,
             final_checkpoint=held.final_checkpoint,
+            checkpoints=held.checkpoints,
             since=attempt_started(ranks),
         )
         if complete and self._previous is not None:
@@ -284,14 +285,3 @@ def _blame(ranks: list[Rank], stacks: dict[int, str]) -> list[Rank]:
     if len(stacks) == len(ranks):
         return []  # all of them wait for a peer elsewhere
     return [r for r in ranks if r.rank not in stacks] or [max(ranks, key=lambda r: r.late_s)]
-
-
-def hang_exit_line(hangs: list[dict[str, Any]], code: int) -> str:
-    last = hangs[-1]
-    ranks = ", ".join(str(r) for r in last["ranks"])
-    who = f"rank {ranks}" if ranks else "a rank on another node"
-    return (
-        f"the job hung ({who}, train.hang_timeout={last['hang_timeout']:g} s) and no "
-        f"restart was left: exit {code}. Report: {last['report']}; a rerun resumes from the last "
-        "complete checkpoint."
-    )

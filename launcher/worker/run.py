@@ -172,7 +172,12 @@ def train_rank(
             return StoppedRun(trainer.step, str(saved) if saved else None)
         saved = checkpoints.save_final()
         # The run's work is saved once metrics.jsonl has every step too (the watchdog looks).
-        heartbeat.phase("evaluation", final_checkpoint=saved and str(saved), steps=cfg.train.steps)
+        heartbeat.phase(
+            "evaluation",
+            final_checkpoint=saved and str(saved),
+            steps=cfg.train.steps,
+            checkpoints=cfg.checkpoint.enabled,
+        )
         stop_at_end(cfg, ctx.rank)
     except BaseException as exc:
         try:

@@ -142,3 +142,64 @@ def wait_for_phase(launch: Launch, beat: Path, phase: str, timeout: float = 300)
         )
         assert time.monotonic() < deadline, f"no {phase} in {beat} in {timeout}s:\n{launch.output}"
         time.sleep(0.1)
+
+
+def held_launch(tmp_path: Path, *extra: str) -> tuple[Launch, Path]:
+    """A dp=2 run whose rank 1 stops itself after the final save; rank 0 finishes and exits."""
+    run_dir = tmp_path / "run"
+    args = [
+        "train",
+        f"train.steps={HELD_STEPS}",
+        "batch.global_size=8",
+        *FAST,
+        *DP2,
+        "debug.stop_at_end_on_rank=1",
+        *extra,
+    ]
+    return Launch(args, run_dir), run_dir
+
+
+def end_all(launch: Launch) -> None:
+    if launch.proc.poll() is None:  # a failed test: no stopped rank left behind
+        for proc in psutil.Process(launch.proc.pid).children(recursive=True):
+            proc.kill()
+
+
+def test_a_rank_killed_after_the_work_was_saved_leaves_the_job_complete(tmp_path: Path) -> None:
+    """kill -9 of the stopped rank once rank 0 exited: the same verdict as a held rank."""
+    launch, run_dir = held_launch(tmp_path, "train.hang_timeout=600")
+    try:
+        wait_for_phase(launch, run_dir / "heartbeats" / "rank0.json", "exit")
+        rank_process(launch.proc.pid, 1).kill()
+        code = launch.wait(timeout=120)
+    finally:
+        end_all(launch)
+    output = launch.output
+    assert code == COMPLETE_HELD, output
+    assert "rank 1 (SIGKILL, exit -9, in evaluation) died after the run's work was complete" in (
+        output
+    ), output
+    assert "died first" not in output and "Nothing to rerun" in output, output
+    summary = read_summary(run_dir)
+    assert (summary["status"], summary["exit_status"]) == ("completed", COMPLETE_HELD), summary
+    assert summary["died_after_work"]["ranks"] == [1], summary
+
+
+def test_a_held_run_without_checkpoints_is_complete_with_every_steps_metrics(
+    tmp_path: Path,
+) -> None:
+    """checkpoint.enabled=false: metrics.jsonl holding every step is the work; never a claim
+    that a rerun resumes from a checkpoint."""
+    launch, run_dir = held_launch(
+        tmp_path, f"train.hang_timeout={HELD_TIMEOUT}", "checkpoint.enabled=false"
+    )
+    try:
+        wait_for_phase(launch, run_dir / "heartbeats" / "rank0.json", "exit")
+        code = launch.wait(timeout=HELD_TIMEOUT + 30)  # from rank 0's exit
+    finally:
+        end_all(launch)
+    output = launch.output
+    assert code == COMPLETE_HELD, output
+    assert "complete and saved (checkpoint.enabled=false" in output, output
+    assert "resumes from the last complete checkpoint" not in output, output
+    assert [m["step"] for m in read_metrics(run_dir)] == list(range(1, HELD_STEPS + 1))

@@ -12,9 +12,17 @@ from typing import Any
 
 import psutil
 
+from launcher.checkpoint.files import MARKER, META, find_checkpoints, manifest
 from launcher.rundir import heartbeat_file
+from launcher.runners.agent import RankFailure
 from launcher.runners.hang_ranks import Rank
-from launcher.runners.held import held_ranks
+from launcher.runners.held import (
+    died_after_work,
+    died_exit_line,
+    hang_exit_line,
+    held_exit_line,
+    held_ranks,
+)
 
 TIMEOUT = 10.0
 STEPS = 3
@@ -115,3 +123,49 @@ def test_a_rank_no_watchdog_reads_writes_nothing_through_its_end(tmp_path: Path)
     silent.phase("evaluation", final_checkpoint="ck", steps=1)
     silent.exit(0)
     assert not list(tmp_path.iterdir())
+
+
+def test_with_checkpoints_off_every_steps_metrics_is_the_whole_work(tmp_path: Path) -> None:
+    # checkpoint.enabled=false: no final checkpoint is expected; metrics.jsonl decides.
+    start = psutil.Process().create_time()
+    saved_run(tmp_path)
+    exit_beat(tmp_path, 0, start + 100, steps=STEPS, checkpoints=False)
+    held = held_ranks(tmp_path, [live_rank(tmp_path, 1, start + 50)], now=start + 200)
+    assert held is not None and held.complete, held
+    assert "complete and saved (checkpoint.enabled=false, metrics.jsonl to step 3)" in held.work()
+    hang = {"ranks": [1], "hang_timeout": TIMEOUT, "report": "r", "checkpoints": False}
+    assert "checkpoint.enabled=false" in held_exit_line(hang, 77)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    held = held_ranks(tmp_path, [live_rank(tmp_path, 1, start + 50)], now=start + 200)
+    assert held is not None and not held.complete
+    assert "metrics.jsonl stops at step 1 of 3" in held.work()
+
+
+def test_a_hung_job_without_a_checkpoint_is_not_said_to_resume(tmp_path: Path) -> None:
+    hangs = [{"ranks": [1], "hang_timeout": TIMEOUT, "report": "r"}]
+    line = hang_exit_line(hangs, 76, tmp_path)
+    assert "no checkpoint was saved: a rerun starts over" in line and "resumes" not in line
+    final = Path(saved_run(tmp_path))  # a complete checkpoint (its marker) in the run directory
+    (final / META).write_text(json.dumps({"step": STEPS}))
+    (final / MARKER).write_text(json.dumps(manifest(final)))
+    assert find_checkpoints(tmp_path, warn=False, verify=False)
+    line = hang_exit_line(hangs, 76, tmp_path)
+    assert "a rerun resumes from the last complete checkpoint" in line
+
+
+def test_a_rank_killed_after_the_work_was_saved_leaves_it_complete(tmp_path: Path) -> None:
+    start = psutil.Process().create_time()
+    final = saved_run(tmp_path)
+    exit_beat(tmp_path, 0, start + 100, final_checkpoint=final, steps=STEPS)
+    killed = [RankFailure(1, -9, int(start) + 120)]
+    exit_beat(tmp_path, 1, start + 90, phase="evaluation", ended=True)  # its last record
+    died = died_after_work(tmp_path, killed)
+    assert died is not None and died["ranks"] == [1] and died["final_checkpoint"] == final
+    line = died_exit_line(died, 77)
+    assert line.startswith("rank 1 (SIGKILL, exit -9, in evaluation) died after the run's work")
+    assert f"complete and saved (final checkpoint {final}): exit 77. Nothing to rerun" in line
+    exit_beat(tmp_path, 1, start + 90, phase="step", ended=False)  # killed while training
+    assert died_after_work(tmp_path, killed) is None
+    exit_beat(tmp_path, 1, start + 90, phase="evaluation", ended=True)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")  # work not complete
+    assert died_after_work(tmp_path, killed) is None
