@@ -22,6 +22,7 @@ work is complete and saved is no failure either: COMPLETE_HELD, naming it (died_
 from __future__ import annotations
 
 import json
+import signal
 import time
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -31,11 +32,15 @@ from typing import Any
 import psutil
 
 from launcher.checkpoint.files import find_checkpoints
-from launcher.rundir import SUMMARY_FILE, heartbeat_files
-from launcher.runners.hang_ranks import Rank, read_beat
+from launcher.exit_codes import COMPLETE_HELD
+from launcher.logs import get_logger
+from launcher.rundir import SUMMARY_FILE, heartbeat_file, heartbeat_files
+from launcher.runners.hang_ranks import Rank, rank_of, read_beat
 from launcher.tracking.run_end import last_logged_step, write_hung_summary
 from launcher.userpath.own import replace_own
 from launcher.worker.heartbeat import EXIT_PHASE
+
+log = get_logger("stop")
 
 COMPLETE_STATUS = "completed"
 
@@ -166,6 +171,39 @@ def held_line(held: Held, how: dict[int, str], report: Path) -> str:
         f"hang at the end of the run: {names} still running {timeout:g} s (train.hang_timeout) "
         f"after {exited} exited cleanly; {held.work()}; stacks in {report}"
     )
+
+
+def training_over(run_dir: Path, procs: list[psutil.Process]) -> tuple[Work, set[str]] | None:
+    """The run's work and the ranks' phases when every rank still running is past its last step
+    (its own heartbeat says `ended`); None while any is training or unknown (no heartbeat of its
+    process yet)."""
+    if not procs:
+        return None
+    phases = set()
+    for proc in procs:
+        rank = rank_of(proc)
+        beat = read_beat(heartbeat_file(run_dir, rank)) if rank is not None else None
+        if beat is None or beat.get("pid") != proc.pid or not beat.get("ended"):
+            return None
+        phases.add(str(beat.get("phase")))
+    beats = [read_beat(path) for path in heartbeat_files(run_dir)]
+    return work_of(run_dir, [b for b in beats if b is not None]), phases
+
+
+def ended_after_training(work: Work, run_dir: Path) -> int:
+    """The last line and the exit status of a job a SIGTERM ended once training was over:
+    COMPLETE_HELD when the work is complete and saved, else 128 + SIGTERM."""
+    if work.complete:
+        log.error(
+            f"ended on SIGTERM after training was over; {work.work()}: exit {COMPLETE_HELD}. "
+            "Nothing to rerun."
+        )
+        return COMPLETE_HELD
+    code = 128 + signal.SIGTERM
+    log.error(
+        f"ended on SIGTERM after training was over; {work.work()}: exit {code}; {rerun(run_dir)}."
+    )
+    return code
 
 
 def rerun(run_dir: Path | None) -> str:

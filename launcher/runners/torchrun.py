@@ -137,6 +137,7 @@ def run_torchrun(
     from launcher.runners.held import (
         died_after_work,
         died_exit_line,
+        ended_after_training,
         hang_exit_line,
         held_exit_line,
         write_held_summary,
@@ -153,9 +154,11 @@ def run_torchrun(
         rank_failures_file(run_dir).unlink(missing_ok=True)
     failures = []
     try:
-        with _environment(env), forward_stop_signals(), Watchdog(run_dir) as watchdog:
+        with _environment(env), forward_stop_signals(run_dir), Watchdog(run_dir) as watchdog:
             failures = run_agent(argv[1:])
-    except StopAtOnce:
+    except StopAtOnce as stop:
+        if stop.work is not None:  # training was over: nothing to stop after, nothing to save
+            return ended_after_training(stop.work, run_dir)
         if read_stopped(run_dir) is not None:
             return STOPPED_RESUMABLE  # the ranks had saved and were exiting
         log.warning(

@@ -1,9 +1,10 @@
 """A rank's progress, for the watchdog of the process that started it
 (launcher/runners/watchdog.py).
 
-With train.hang_timeout > 0 each rank keeps `<run dir>/heartbeats/rank<r>.json` up to date: its
+Each rank started by torchrun's agent keeps `<run dir>/heartbeats/rank<r>.json` up to date: its
 host, pid, the step it is at, and the deadline by which it must next report (now +
-hang_timeout), or none while it is in a phase that the watchdog does not time: start-up and the
+hang_timeout; none with train.hang_timeout=0), or none while it is in a phase that the watchdog
+does not time: start-up and the
 first step of the process (model building, compilation, a resume), a checkpoint save, the end.
 One file write per optimizer step (at its end, which sets the next step's deadline), atomic
 (written beside, then renamed), nothing collective.
@@ -92,7 +93,7 @@ class Heartbeat:
             "phase": phase,
             "time": now,
             "timeout": self.timeout_s,
-            "deadline": now + self.timeout_s if timed else None,
+            "deadline": now + self.timeout_s if timed and self.timeout_s else None,
             **self.facts,
             **extra,
         }
@@ -136,8 +137,7 @@ class Heartbeat:
 
 
 class Silent(Heartbeat):
-    """No watchdog reads this rank (train.hang_timeout=0, or the in-process run): nothing
-    written."""
+    """No watchdog reads this rank (the in-process run): nothing written."""
 
     def __init__(self) -> None:
         self.step, self.facts = 0, {}
@@ -163,10 +163,12 @@ class Silent(Heartbeat):
 
 def start_heartbeat(cfg: RootConfig, run_dir: Path, rank: int) -> Heartbeat:
     """The rank's heartbeat (its stacks on SIGUSR2 too), from just after the process group is
-    joined to the rank's exit; None with train.hang_timeout=0 or with no watchdog to read it (a
-    rank not started by torchrun's agent: the in-process run) a Silent one. The last step is not
-    timed (the final save follows); `untimed_after` adds the steps a checkpoint follows."""
-    if not cfg.train.hang_timeout or AGENT_PID_ENV not in os.environ:
+    joined to the rank's exit; with no watchdog to read it (a rank not started by torchrun's
+    agent: the in-process run) a Silent one. With train.hang_timeout=0 it is written with no
+    deadlines (nothing is timed): `launch` still reads its phases (a SIGTERM once training is over,
+    launcher/runners/signals.py). The last step is not timed (the final save follows);
+    `untimed_after` adds the steps a checkpoint follows."""
+    if AGENT_PID_ENV not in os.environ:
         return Silent()
     steps = cfg.train.steps
     heartbeat = Heartbeat(run_dir, rank, cfg.train.hang_timeout, lambda s: s >= steps)

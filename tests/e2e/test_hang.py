@@ -7,6 +7,7 @@ train.hang_timeout, is named and ended, and the job exits COMPLETE_HELD."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from contextlib import suppress
 from pathlib import Path
@@ -203,3 +204,24 @@ def test_a_held_run_without_checkpoints_is_complete_with_every_steps_metrics(
     assert "complete and saved (checkpoint.enabled=false" in output, output
     assert "resumes from the last complete checkpoint" not in output, output
     assert [m["step"] for m in read_metrics(run_dir)] == list(range(1, HELD_STEPS + 1))
+
+
+def test_one_sigterm_ends_a_job_whose_training_is_over(tmp_path: Path) -> None:
+    """train.hang_timeout=0 (no watchdog clock): rank 1 stopped after the final save, rank 0
+    exited. One SIGTERM (what `timeout` or `docker stop` sends) ends the job, without asking
+    for a next step or a save."""
+    launch, run_dir = held_launch(tmp_path, "train.hang_timeout=0")
+    try:
+        wait_for_phase(launch, run_dir / "heartbeats" / "rank0.json", "exit")
+        launch.proc.send_signal(signal.SIGTERM)
+        code = launch.wait(timeout=60)
+    finally:
+        end_all(launch)
+    output = launch.output
+    assert code == COMPLETE_HELD, output
+    assert (
+        "training is over on every rank (all past their last step and the final save)" in output
+        and "complete and saved" in output
+    ), output
+    assert "after the current step" not in output, output
+    assert "Nothing to rerun" in output, output

@@ -169,3 +169,41 @@ def test_a_rank_killed_after_the_work_was_saved_leaves_it_complete(tmp_path: Pat
     exit_beat(tmp_path, 1, start + 90, phase="evaluation", ended=True)
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")  # work not complete
     assert died_after_work(tmp_path, killed) is None
+
+
+def test_training_is_over_only_when_every_running_rank_says_so(tmp_path: Path) -> None:
+    """What a SIGTERM to `launch` reads (launcher/runners/signals.py): a real rank-like process
+    (RANK=1), its own heartbeat record, and rank 0's exit with the saved work."""
+    import subprocess
+    import sys
+
+    from launcher.runners.held import training_over
+
+    env = {**os.environ, "RANK": "1"}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        proc = psutil.Process(child.pid)
+        final = saved_run(tmp_path)
+        exit_beat(tmp_path, 0, 100.0, final_checkpoint=final, steps=STEPS)
+        exit_beat(tmp_path, 1, 100.0, pid=child.pid, phase="step", ended=False)
+        assert training_over(tmp_path, [proc]) is None  # still training
+        exit_beat(tmp_path, 1, 100.0, pid=child.pid + 1, phase="evaluation", ended=True)
+        assert training_over(tmp_path, [proc]) is None  # another process's record
+        exit_beat(tmp_path, 1, 100.0, pid=child.pid, phase="evaluation", ended=True)
+        over = training_over(tmp_path, [proc])
+        assert over is not None and over[1] == {"evaluation"}
+        assert over[0].complete and over[0].final_checkpoint == final
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+
+def test_with_no_hang_timeout_the_phases_are_written_without_deadlines(tmp_path: Path) -> None:
+    from launcher.worker.heartbeat import Heartbeat
+
+    heartbeat = Heartbeat(tmp_path, 0, 0.0, saves_after=lambda step: step >= STEPS)
+    heartbeat.before_step(1)
+    heartbeat.after_step(1)
+    assert json.loads(heartbeat.path.read_text())["deadline"] is None  # nothing is timed
+    heartbeat.end()
+    assert json.loads(heartbeat.path.read_text())["ended"] is True
