@@ -87,6 +87,7 @@ class Checkpointer:
         self.after_commit: Callable[[int, Path], None] | None = None
         """Called on rank 0 with the step and the path once a checkpoint is complete and in
         place (evaluation during training: launcher/harness/dispatch.py)."""
+        self.rank_written: Callable[[], None] = lambda: None  # files written (held_save.py)
         self.base: dict[str, Any] | None = None
         """An adapter run's base weights (launcher/models/adapted.py): recorded in meta.json,
         checked on resume."""
@@ -253,6 +254,7 @@ class Checkpointer:
             torch.save(rng_state(ctx.device), f)
             f.flush()
             os.fsync(f.fileno())
+        self.rank_written()
         return written
 
     def _write_marker(self, tmp: Path, meta: dict[str, Any], step: int) -> None:

@@ -104,7 +104,8 @@ class Held(Work):
 
     late: list[Rank] = field(default_factory=list)
     exited: list[dict[str, Any]] = field(default_factory=list)
-    """The clean exits' records."""
+    """The clean exits' records (or the records of the ranks that finished the final save)."""
+    after: str = "exited cleanly"
 
 
 def attempt_started(live: list[Rank]) -> float:
@@ -169,7 +170,7 @@ def held_line(held: Held, how: dict[int, str], report: Path) -> str:
     timeout = float(held.late[0].beat.get("timeout") or 0)
     return (
         f"hang at the end of the run: {names} still running {timeout:g} s (train.hang_timeout) "
-        f"after {exited} exited cleanly; {held.work()}; stacks in {report}"
+        f"after {exited} {held.after}; {held.work()}; stacks in {report}"
     )
 
 

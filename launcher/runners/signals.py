@@ -18,7 +18,7 @@ import psutil
 
 from launcher.logs import get_logger
 from launcher.runners.held import Work, training_over
-from launcher.worker.heartbeat import FINAL_SAVE
+from launcher.worker.heartbeat import FINAL_SAVE, SAVE_WRITTEN
 from launcher.worker.stop import CTRL_C_STOPPING, STOP_SIGNALS, handling_signals
 
 log = get_logger("stop")
@@ -87,7 +87,7 @@ class SignalForwarder:
                 _send(ranks, signal.SIGTERM)
                 raise StopAtOnce
             over = training_over(self.run_dir, ranks) if self.run_dir is not None else None
-            if over is not None and FINAL_SAVE in over[1]:  # killing it would lose the save
+            if over is not None and over[1] & {FINAL_SAVE, SAVE_WRITTEN}:  # it would be lost
                 log.warning(
                     "SIGTERM: training is over on every rank; letting the final save finish, "
                     "then the ranks exit (send SIGTERM again to stop at once, without it)."

@@ -39,6 +39,7 @@ from launcher.logs import get_logger
 from launcher.rundir import HANG_REPORT_FILE, heartbeat_file, stacks_file
 from launcher.runners.hang_ranks import DUMP_WAIT_S, Rank, rank_of, read_beat, report_text
 from launcher.runners.held import Held, attempt_started, held_line, held_ranks
+from launcher.runners.held_save import held_in_save
 from launcher.runners.signals import worker_processes
 from launcher.userpath.own import open_own
 from launcher.worker.heartbeat import DUMP_SIGNAL
@@ -112,10 +113,13 @@ class Watchdog:
                 ranks = self.ranks()
                 if any(r.late_s > 0 for r in ranks):
                     self.fire(ranks)
-                elif (held := held_ranks(self.run_dir, ranks)) is not None:
+                elif (held := held_ranks(self.run_dir, ranks) or self.in_save(ranks)) is not None:
                     self.fire_held(ranks, held)
             except Exception as exc:  # a watchdog must not end the job
                 log.warning(f"hang watchdog: {type(exc).__name__}: {exc}")
+
+    def in_save(self, ranks: list[Rank]) -> Held | None:
+        return held_in_save(self.run_dir, ranks, time.time())
 
     def ranks(self) -> list[Rank]:
         """This node's live ranks that report a heartbeat of their own."""

@@ -32,16 +32,22 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from launcher.config.root import RootConfig
 from launcher.lifetime import AGENT_PID_ENV
 from launcher.rundir import heartbeat_file, stacks_file
 from launcher.userpath.own import open_own
 
+if TYPE_CHECKING:
+    from launcher.checkpoint.checkpointer import Checkpointer
+
 DUMP_SIGNAL = signal.SIGUSR2
 """The signal the watchdog sends a rank for its stacks."""
 FINAL_SAVE = "final save"
+SAVE_WRITTEN = "final save written"
+"""This rank's part of the final save is done (rank 0's: with the completion record); it waits
+for the others (launcher/runners/held_save.py)."""
 EXIT_PHASE = "exit"
 """The last record of a rank, with its exit status (a clean exit: 0, and its process gone)."""
 
@@ -116,10 +122,28 @@ class Heartbeat:
         saving = self.saves_after(step)
         self.beat(step, "save" if saving else "step", timed=not saving)
 
-    def end(self) -> None:
-        """Training is over (the final save, the summary follow): no step deadline any more."""
+    def end(self, checkpoints: Checkpointer | None = None) -> None:
+        """Training is over (the final save, the summary follow): no step deadline any more.
+        From here each save of `checkpoints` says when this rank's part of it is done
+        (SAVE_WRITTEN: its files written; rank 0's once the completion record is in place)."""
         self.facts["ended"] = True
         self.phase(FINAL_SAVE)
+        if checkpoints is None:
+            return
+        pause, committed = checkpoints.before_marker, checkpoints.after_commit
+
+        def before_marker(step: int) -> None:  # rank 0: the record is its part too
+            self.phase(FINAL_SAVE)
+            if pause is not None:
+                pause(step)
+
+        def after_commit(step: int, path: Path) -> None:
+            if committed is not None:
+                committed(step, path)
+            self.phase(SAVE_WRITTEN)
+
+        checkpoints.before_marker, checkpoints.after_commit = before_marker, after_commit
+        checkpoints.rank_written = lambda: self.phase(SAVE_WRITTEN)
 
     def phase(self, name: str, allow_s: float = 0.0, **facts: Any) -> None:
         """A phase of the rank's end begins. `facts` stay in every later record; `allow_s`: how

@@ -164,7 +164,7 @@ def train_rank(
         tracker.rewind(resumed.step if resumed is not None else 0)
         trained = trainer.train(stop)
         mark("trained")
-        heartbeat.end()
+        heartbeat.end(checkpoints)
         if not trained:
             # Every rank agreed to stop at this step boundary: save, mark, exit 75.
             saved = checkpoints.stop(stop.signal_name if stop is not None else None)

@@ -225,3 +225,31 @@ def test_one_sigterm_ends_a_job_whose_training_is_over(tmp_path: Path) -> None:
     ), output
     assert "after the current step" not in output, output
     assert "Nothing to rerun" in output, output
+
+
+def test_a_rank_wedged_in_the_final_save_is_named_and_the_job_ends_hung(tmp_path: Path) -> None:
+    """Rank 0 holds the final save before its completion record (debug.pause_save_at_step);
+    rank 1 has written its part: rank 0 gets train.hang_timeout from then, is named with its
+    stack, and the job ends HUNG (no final checkpoint), not at the process group's timeout."""
+    run_dir = tmp_path / "run"
+    args = [
+        "train",
+        "train.steps=2",
+        "batch.global_size=8",
+        *FAST,
+        *DP2,
+        f"train.hang_timeout={HELD_TIMEOUT}",
+        "debug.pause_save_at_step=2",
+    ]
+    launch = Launch(args, run_dir)
+    try:
+        wait_for_phase(launch, run_dir / "heartbeats" / "rank1.json", "final save written")
+        code = launch.wait(timeout=HELD_TIMEOUT + 60)
+    finally:
+        end_all(launch)
+    output = launch.output
+    assert code == HUNG, output
+    assert "rank 0 on " in output and "in final save) still running" in output, output
+    assert "after rank 1 finished its part of the final save" in output, output
+    assert "the run's work is not complete (no final checkpoint)" in output, output
+    assert "in __call__" in (run_dir / HANG_REPORT_FILE).read_text()  # the pause, on its stack

@@ -207,3 +207,53 @@ def test_with_no_hang_timeout_the_phases_are_written_without_deadlines(tmp_path:
     assert json.loads(heartbeat.path.read_text())["deadline"] is None  # nothing is timed
     heartbeat.end()
     assert json.loads(heartbeat.path.read_text())["ended"] is True
+
+
+def test_a_rank_still_in_the_final_save_a_timeout_after_a_peer_finished_its_part(
+    tmp_path: Path,
+) -> None:
+    """launcher/runners/held_save.py: the final save is collective, so no rank exits while one
+    is wedged in it; a peer's `final save written` record starts the clock instead."""
+    from launcher.runners.held import held_line
+    from launcher.runners.held_save import held_in_save
+
+    start = psutil.Process().create_time()
+    saving = live_rank(tmp_path, 0, start + 50, phase="final save")
+    assert held_in_save(tmp_path, [saving], now=start + 1000) is None  # no peer done yet
+    exit_beat(tmp_path, 1, start + 100, phase="final save written", ended=True)
+    assert held_in_save(tmp_path, [saving], now=start + 100 + TIMEOUT - 1) is None  # in time
+    held = held_in_save(tmp_path, [saving], now=start + 100 + TIMEOUT + 1)
+    assert held is not None and held.late == [saving] and not held.complete
+    line = held_line(held, {0: "no exit"}, tmp_path / "hang_report.txt")
+    assert "rank 0 on h (no exit, in final save) still running" in line, line
+    assert "after rank 1 finished its part of the final save" in line, line
+    waiting = live_rank(tmp_path, 0, start + 50, phase="final save written")
+    assert held_in_save(tmp_path, [waiting], now=start + 1000) is None  # done, waits for peers
+    exit_beat(tmp_path, 1, start - 5, phase="final save written", ended=True)  # an earlier attempt
+    assert held_in_save(tmp_path, [saving], now=start + 1000) is None
+
+
+def test_a_ranks_part_of_the_final_save_is_reported(tmp_path: Path) -> None:
+    """Heartbeat.end(checkpoints): files written -> `final save written`; rank 0 back in
+    `final save` for the completion record, `final save written` once it is in place."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from launcher.checkpoint.checkpointer import Checkpointer
+    from launcher.worker.heartbeat import Heartbeat
+
+    paused: list[int] = []
+    checkpoints = SimpleNamespace(before_marker=paused.append, after_commit=None)
+    heartbeat = Heartbeat(tmp_path, 0, TIMEOUT, saves_after=lambda step: step >= STEPS)
+    heartbeat.end(cast(Checkpointer, checkpoints))
+
+    def phase() -> str:
+        return str(json.loads(heartbeat.path.read_text())["phase"])
+
+    assert phase() == "final save"
+    checkpoints.rank_written()
+    assert phase() == "final save written"
+    checkpoints.before_marker(STEPS)
+    assert phase() == "final save" and paused == [STEPS]  # the test's pause still runs
+    checkpoints.after_commit(STEPS, tmp_path)
+    assert phase() == "final save written"
