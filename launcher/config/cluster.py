@@ -70,8 +70,12 @@ def _check_pattern(key: str, value: str | None, pattern: re.Pattern[str], allowe
     if value is not None and not pattern.fullmatch(value):
         raise ConfigError(
             key,
-            f"{value!r} has characters SLURM or the shell would misread.",
-            f"use only {allowed}.",
+            "is empty."
+            if not value
+            else f"{value!r} has characters SLURM or the shell would misread.",
+            f"give a value of {allowed}, or leave the key out."
+            if not value
+            else f"use only {allowed}.",
         )
 
 

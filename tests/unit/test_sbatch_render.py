@@ -136,6 +136,14 @@ def test_bad_values_name_the_key(cluster: dict[str, Any], keys: list[str]) -> No
     assert info.value.keys == keys
 
 
+@pytest.mark.parametrize("key", ["job_name", "partition", "rdzv_id"])
+def test_an_empty_name_is_said_to_be_empty(key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        to_root_config({"cluster": {"name": "slurm", key: ""}})
+    assert info.value.keys == [f"cluster.{key}"]
+    assert "is empty" in str(info.value) and "characters" not in str(info.value).split("Fix")[0]
+
+
 @pytest.mark.parametrize(
     ("sections", "run_dir", "keys"),
     [
