@@ -234,13 +234,15 @@ def saved_where(hang: dict[str, Any]) -> str:
     return f"final checkpoint {hang.get('final_checkpoint')}"
 
 
-def held_exit_line(hang: dict[str, Any], code: int) -> str:
-    """The last line of a job that a rank held after its work was complete and saved."""
+def held_exit_line(hang: dict[str, Any], code: int, summary: bool = True) -> str:
+    """The last line of a job that a rank held after its work was complete and saved (summary:
+    whether rank 0 wrote summary.json, write_held_summary)."""
     ranks = ", ".join(str(r) for r in hang["ranks"])
+    missing = "" if summary else f" (but {MISSING})"
     return (
         f"rank {ranks} held the job after the run's work was complete and saved "
         f"({saved_where(hang)}); ended after train.hang_timeout={hang['hang_timeout']:g} s: "
-        f"exit {code}. Nothing to rerun; report: {hang['report']}"
+        f"exit {code}. Nothing to rerun{missing}; report: {hang['report']}"
     )
 
 
@@ -278,9 +280,12 @@ def died_exit_line(died: dict[str, Any], code: int) -> str:
     )
 
 
-def write_held_summary(run_dir: Path, hang: dict[str, Any], code: int, key: str = "hang") -> None:
+MISSING = "rank 0 did not finish: no end-of-run evaluation, and summary.json has no figures"
+
+
+def write_held_summary(run_dir: Path, hang: dict[str, Any], code: int, key: str = "hang") -> bool:
     """summary.json of a complete run a rank held: rank 0's, with the hang and the exit status
-    added, when it wrote one in this attempt; else the summary of a hung run, completed."""
+    added, when it wrote one in this attempt (True); else the summary of a hung run, completed."""
     path = run_dir / SUMMARY_FILE
     values: dict[str, Any] | None = None
     with suppress(OSError, ValueError):
@@ -288,6 +293,7 @@ def write_held_summary(run_dir: Path, hang: dict[str, Any], code: int, key: str 
             values = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(values, dict):
         write_hung_summary(run_dir, hang, code, status=COMPLETE_STATUS)
-        return
+        return False
     values.update({"exit_status": code, key: hang})
     replace_own(path, json.dumps(values, indent=2, default=str) + "\n")
+    return True

@@ -113,8 +113,8 @@ def _run(args: list[str], run_dir: Path | None, node: str, scratch: Path | None)
         failures = run_agent(torchrun_args([*log_dir, *args]))
     held = watchdog.held_complete if isinstance(watchdog, Watchdog) else None
     if held is not None and run_dir is not None:
-        print(f"error: {node}: {held_exit_line(held, COMPLETE_HELD)}", file=sys.stderr)
-        write_held_summary(run_dir, held, COMPLETE_HELD)
+        summary = write_held_summary(run_dir, held, COMPLETE_HELD)
+        print(f"error: {node}: {held_exit_line(held, COMPLETE_HELD, summary)}", file=sys.stderr)
         return COMPLETE_HELD
     if not failures:
         return 0

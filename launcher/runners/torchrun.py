@@ -172,8 +172,8 @@ def run_torchrun(
     if read_stopped(run_dir) is not None or resumable(f.exitcode for f in failures):
         return STOPPED_RESUMABLE  # stopped on a signal after a checkpoint (rank 0 said where)
     if watchdog.held_complete is not None:
-        log.error(held_exit_line(watchdog.held_complete, COMPLETE_HELD))
-        write_held_summary(run_dir, watchdog.held_complete, COMPLETE_HELD)
+        summary = write_held_summary(run_dir, watchdog.held_complete, COMPLETE_HELD)
+        log.error(held_exit_line(watchdog.held_complete, COMPLETE_HELD, summary))
         return COMPLETE_HELD
     if failures and watchdog.hangs:
         write_failures(rank_failures_file(run_dir), failures)

@@ -145,8 +145,8 @@ def wait_for_phase(launch: Launch, beat: Path, phase: str, timeout: float = 300)
         time.sleep(0.1)
 
 
-def held_launch(tmp_path: Path, *extra: str) -> tuple[Launch, Path]:
-    """A dp=2 run whose rank 1 stops itself after the final save; rank 0 finishes and exits."""
+def held_launch(tmp_path: Path, *extra: str, held: int = 1) -> tuple[Launch, Path]:
+    """A dp=2 run whose rank `held` stops itself after the final save; the other finishes."""
     run_dir = tmp_path / "run"
     args = [
         "train",
@@ -154,7 +154,7 @@ def held_launch(tmp_path: Path, *extra: str) -> tuple[Launch, Path]:
         "batch.global_size=8",
         *FAST,
         *DP2,
-        "debug.stop_at_end_on_rank=1",
+        f"debug.stop_at_end_on_rank={held}",
         *extra,
     ]
     return Launch(args, run_dir), run_dir
@@ -253,3 +253,16 @@ def test_a_rank_wedged_in_the_final_save_is_named_and_the_job_ends_hung(tmp_path
     assert "after rank 1 finished its part of the final save" in output, output
     assert "the run's work is not complete (no final checkpoint)" in output, output
     assert "in __call__" in (run_dir / HANG_REPORT_FILE).read_text()  # the pause, on its stack
+
+
+def test_a_held_rank_0_is_said_to_leave_no_evaluation_or_figures(tmp_path: Path) -> None:
+    launch, run_dir = held_launch(tmp_path, f"train.hang_timeout={HELD_TIMEOUT}", held=0)
+    try:
+        wait_for_phase(launch, run_dir / "heartbeats" / "rank1.json", "exit")
+        code = launch.wait(timeout=HELD_TIMEOUT + 30)  # from rank 1's exit
+    finally:
+        end_all(launch)
+    output = launch.output
+    assert code == COMPLETE_HELD, output
+    assert "Nothing to rerun (but rank 0 did not finish: no end-of-run evaluation" in output, output
+    assert read_summary(run_dir)["status"] == "completed"

@@ -257,3 +257,14 @@ def test_a_ranks_part_of_the_final_save_is_reported(tmp_path: Path) -> None:
     assert phase() == "final save" and paused == [STEPS]  # the test's pause still runs
     checkpoints.after_commit(STEPS, tmp_path)
     assert phase() == "final save written"
+
+
+def test_a_held_rank_0_is_said_to_have_left_no_figures(tmp_path: Path) -> None:
+    from launcher.runners.held import write_held_summary
+
+    hang = {"ranks": [0], "hang_timeout": TIMEOUT, "report": "r", "final_checkpoint": "ck"}
+    assert not write_held_summary(tmp_path, {**hang, "since": 0}, 77)  # rank 0 wrote none
+    line = held_exit_line(hang, 77, summary=False)
+    assert "Nothing to rerun (but rank 0 did not finish: no end-of-run evaluation" in line
+    assert write_held_summary(tmp_path, {**hang, "since": 0}, 77)  # one is there now
+    assert "did not finish" not in held_exit_line(hang, 77)
