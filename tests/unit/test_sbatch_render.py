@@ -112,6 +112,7 @@ def test_body_values_are_quoted(tmp_path: Path) -> None:
     [
         ({"job_name": "x$(touch /tmp/pwned)"}, ["cluster.job_name"]),
         ({"job_name": "a b"}, ["cluster.job_name"]),
+        ({"python": "python3 -u"}, ["cluster.python"]),  # a command with arguments
         ({"partition": "gpu;rm -rf"}, ["cluster.partition"]),
         ({"account": "a\nb"}, ["cluster.account"]),
         ({"constraint": "a100 #x"}, ["cluster.constraint"]),
