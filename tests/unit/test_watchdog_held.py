@@ -115,7 +115,7 @@ def test_a_ranks_end_phases_carry_what_the_watchdog_reads(tmp_path: Path) -> Non
 def test_a_rank_no_watchdog_reads_writes_nothing_through_its_end(tmp_path: Path) -> None:
     from launcher.worker.heartbeat import Silent
 
-    silent = Silent()  # train.hang_timeout=0, or the in-process run
+    silent = Silent()  # the in-process run (no watchdog)
     silent.untimed_after(lambda step: False)
     silent.before_step(1)
     silent.after_step(1)
