@@ -135,11 +135,13 @@ def run_torchrun(
     """
     from launcher.runners.agent import blame, run_agent, write_failures
     from launcher.runners.held import (
+        MISSING,
         died_after_work,
         died_exit_line,
         ended_after_training,
         hang_exit_line,
         held_exit_line,
+        rerun,
         write_held_summary,
     )
     from launcher.runners.signals import StopAtOnce, forward_stop_signals
@@ -161,9 +163,7 @@ def run_torchrun(
             return ended_after_training(stop.work, run_dir)
         if read_stopped(run_dir) is not None:
             return STOPPED_RESUMABLE  # the ranks had saved and were exiting
-        log.warning(
-            "stopped at once (a second SIGTERM); a rerun resumes from the last complete checkpoint."
-        )
+        log.warning(f"stopped at once (a second SIGTERM); {rerun(run_dir)}.")
         return 128 + signal.SIGTERM
     finally:
         shutil.rmtree(scratch or run_dir / AGENT_DIR, ignore_errors=True)
@@ -182,8 +182,8 @@ def run_torchrun(
         return HUNG
     if failures and (died := died_after_work(run_dir, failures)) is not None:
         write_failures(rank_failures_file(run_dir), failures)
-        log.error(died_exit_line(died, COMPLETE_HELD))
-        write_held_summary(run_dir, died, COMPLETE_HELD, key="died_after_work")
+        summary = write_held_summary(run_dir, died, COMPLETE_HELD, key="died_after_work")
+        log.error(died_exit_line(died, COMPLETE_HELD) + ("" if summary else f" ({MISSING})"))
         return COMPLETE_HELD
     if failures:
         write_failures(rank_failures_file(run_dir), failures)
