@@ -14,11 +14,13 @@ ABORTED = 130
 last complete one."""
 HUNG = 76
 """A rank made no progress for train.hang_timeout seconds (hang_report.txt names it, with the
-ranks' stacks) and no torchrun restart was left; a rerun resumes from the last complete checkpoint.
+ranks' stacks) and no torchrun restart was left; a rerun resumes from the last complete checkpoint
+(or starts over when none was saved).
 Also a rank that held the job at its end (after another rank exited cleanly) when the run's work
 was not complete and saved."""
 COMPLETE_HELD = 77
-"""The run's work is complete and saved (the final checkpoint in place, metrics.jsonl holding
-every step), but a rank held the job at its end: still running train.hang_timeout seconds after
-another rank had exited cleanly (wedged in an evaluation, a tracker's upload, the process group's
-teardown). The launcher ended it; hang_report.txt names it with its stack. Nothing to rerun."""
+"""The run's work is complete and saved (metrics.jsonl holding every step, the final checkpoint in
+place unless checkpoint.enabled=false), but a rank held the job at its end: still running
+train.hang_timeout seconds after another rank had exited cleanly (wedged in an evaluation, a
+tracker's upload, the process group's teardown; the launcher ended it and hang_report.txt names it
+with its stack), or it died past its training. Nothing to rerun."""

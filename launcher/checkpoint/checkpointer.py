@@ -87,6 +87,7 @@ class Checkpointer:
         self.after_commit: Callable[[int, Path], None] | None = None
         """Called on rank 0 with the step and the path once a checkpoint is complete and in
         place (evaluation during training: launcher/harness/dispatch.py)."""
+        self.rank_written: Callable[[], None] = lambda: None  # files written (held_save.py)
         self.base: dict[str, Any] | None = None
         """An adapter run's base weights (launcher/models/adapted.py): recorded in meta.json,
         checked on resume."""
@@ -134,9 +135,12 @@ class Checkpointer:
         if self.ctx.is_main:
             write_stopped(self.run_dir, self.trainer.step, saved, reason)
             where = f"saved {saved}" if saved else f"nothing saved ({self._unsaved_reason()})"
+            # Nothing trained and nothing saved before: the same command starts over.
+            fresh = saved is None and self.enabled and self.trainer.step == 0
             log.warning(
                 f"stopped after step {self.trainer.step} of {self.cfg.train.steps}, {where}. "
-                f"Run the same command to resume (exit status {STOPPED_RESUMABLE})."
+                f"Run the same command to {'start over' if fresh else 'resume'} (exit status "
+                f"{STOPPED_RESUMABLE})."
             )
         barrier()
         return saved
@@ -144,7 +148,7 @@ class Checkpointer:
     def _unsaved_reason(self) -> str:
         if not self.enabled:
             return "checkpoint.enabled=false"
-        return "no step was trained yet: the same command starts over"
+        return "no step was trained yet"
 
     def save(self) -> Path:
         """Collective: save this step. With checkpoint.async=true the state is copied and the
@@ -250,6 +254,7 @@ class Checkpointer:
             torch.save(rng_state(ctx.device), f)
             f.flush()
             os.fsync(f.fileno())
+        self.rank_written()
         return written
 
     def _write_marker(self, tmp: Path, meta: dict[str, Any], step: int) -> None:

@@ -48,6 +48,23 @@ def _nearby_multiples(n: int, unit: int) -> list[int]:
     return [m for m in (low, low + unit) if m > 0]
 
 
+def smaller_global(
+    limit: int, micro_size: int | None, grad_accum: int | None, dp: int
+) -> tuple[str, str] | None:
+    """The override that sets the largest global batch of at most `limit` sequences that still
+    splits as set (a multiple of dp x micro_size when micro_size is set, else of dp x grad_accum),
+    and what it is a multiple of, in words; None when no such batch exists (limit < the unit)."""
+    if micro_size is not None:
+        unit, what = dp * micro_size, f"dp {dp} x micro_size {micro_size}"
+    else:
+        unit, what = dp * (grad_accum or 1), f"dp {dp} x grad_accum {grad_accum or 1}"
+    size = (limit // unit) * unit
+    if size <= 0:
+        return None
+    both = micro_size is not None and grad_accum is not None  # grad_accum then derived again
+    return f"{GLOBAL}={size}" + (f" {ACCUM}=null" if both else ""), f"a multiple of {what}"
+
+
 def resolve_batch(
     global_size: int | None, micro_size: int | None, grad_accum: int | None, dp: int
 ) -> BatchSplit:

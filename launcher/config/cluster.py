@@ -70,8 +70,12 @@ def _check_pattern(key: str, value: str | None, pattern: re.Pattern[str], allowe
     if value is not None and not pattern.fullmatch(value):
         raise ConfigError(
             key,
-            f"{value!r} has characters SLURM or the shell would misread.",
-            f"use only {allowed}.",
+            "is empty."
+            if not value
+            else f"{value!r} has characters SLURM or the shell would misread.",
+            f"give a value of {allowed}, or leave the key out."
+            if not value
+            else f"use only {allowed}.",
         )
 
 
@@ -213,6 +217,14 @@ class ClusterConfig:
                 "cluster.python",
                 "is empty or has control characters.",
                 "give a path or a command name.",
+            )
+        if self.python is not None and "/" not in self.python and re.search(r"\s", self.python):
+            raise ConfigError(
+                "cluster.python",
+                f"{self.python!r} is a command with arguments, but the nodes run it as one "
+                "program's name (a path may hold a blank; a command name cannot).",
+                "give the Python alone, e.g. cluster.python=python3 (options such as -X go in "
+                "cluster.setup as environment variables, e.g. export PYTHONDEVMODE=1).",
             )
         if self.rdzv_endpoint is not None:
             split_endpoint("cluster.rdzv_endpoint", self.rdzv_endpoint)

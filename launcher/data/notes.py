@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from launcher.config.batch import BatchSplit, smaller_global
 from launcher.data.heldout import Slice
 from launcher.data.mixture import MixtureDataset
 from launcher.logs import get_logger
@@ -80,15 +81,28 @@ def times_seen(global_size: int, samples: int) -> str:
     return f"{global_size / samples:.2f} times on average"
 
 
-def epoch_warning(samples: int, global_size: int, unit: str = "samples") -> str | None:
-    """A global batch larger than an epoch of `samples` (0: unbounded, generated data), or None."""
+def epoch_warning(
+    samples: int,
+    global_size: int,
+    unit: str = "samples",
+    as_set: tuple[int | None, int | None, int] = (None, None, 1),
+) -> str | None:
+    """A global batch larger than an epoch of `samples` (0: unbounded, generated data), or None.
+    as_set: (batch.micro_size, batch.grad_accum, parallel.dp) as the run set them, so that the
+    smaller batch the Fix names splits over the ranks (launcher/config/batch.py)."""
     if not 0 < samples < global_size:
         return None
+    smaller = smaller_global(samples, *as_set)
+    fix = (
+        "use more data"
+        if smaller is None
+        else f"set {smaller[0]} (the largest batch within an epoch that is {smaller[1]}), or "
+        "use more data"
+    )
     return (
         f"the global batch of {global_size} sequences is larger than an epoch of the data, "
         f"{samples:,} {unit}: each step sees every one {times_seen(global_size, samples)}, so "
-        "samples repeat inside one step and weigh more in its loss. Fix: lower "
-        f"batch.global_size to {samples} or less, or use more data."
+        f"samples repeat inside one step and weigh more in its loss. Fix: {fix}."
     )
 
 
@@ -115,8 +129,11 @@ def mixture_warning(mixture: MixtureDataset, global_size: int) -> str | None:
     )
 
 
-def data_notes(dataset: Any, global_size: int) -> tuple[list[str], list[str]]:
-    """(information, warnings) about the training set for a global batch of global_size."""
+def data_notes(
+    dataset: Any, global_size: int, as_set: tuple[int | None, int | None, int] = (None, None, 1)
+) -> tuple[list[str], list[str]]:
+    """(information, warnings) about the training set for a global batch of global_size; as_set:
+    (batch.micro_size, batch.grad_accum, parallel.dp) as set (epoch_warning)."""
     notes, warnings = [], []
     if isinstance(dataset, MixtureDataset):
         for name, source in zip(dataset.names, dataset.datasets, strict=True):
@@ -129,16 +146,19 @@ def data_notes(dataset: Any, global_size: int) -> tuple[list[str], list[str]]:
         if facts is not None:
             notes.append(facts.describe())
         unit = "samples" if facts is None else f"windows ({facts.records:,} records packed)"
-        warning = epoch_warning(len(dataset), global_size, unit)
+        warning = epoch_warning(len(dataset), global_size, unit, as_set)
     if warning is not None:
         warnings.append(warning)
     return notes, warnings
 
 
-def announce_data(dataset: Any, global_size: int) -> None:
+def announce_data(
+    dataset: Any, split: BatchSplit, micro_size: int | None, grad_accum: int | None
+) -> None:
     """Rank 0, once at start: the packing as information, a global batch past an epoch as a
-    warning."""
-    notes, warnings = data_notes(dataset, global_size)
+    warning (micro_size, grad_accum: batch.* as set, None where derived)."""
+    as_set = (micro_size, grad_accum, split.dp)
+    notes, warnings = data_notes(dataset, split.global_size, as_set)
     for note in notes:
         log.info(note)
     for warning in warnings:

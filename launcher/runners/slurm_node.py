@@ -92,8 +92,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: list[str], run_dir: Path | None, node: str, scratch: Path | None) -> int:
     from launcher.runners.agent import blame, run_agent, write_failures
-    from launcher.runners.held import held_exit_line, write_held_summary
-    from launcher.runners.watchdog import Watchdog, hang_exit_line
+    from launcher.runners.held import (
+        died_after_work,
+        died_exit_line,
+        hang_exit_line,
+        held_exit_line,
+        write_held_summary,
+    )
+    from launcher.runners.watchdog import Watchdog
     from launcher.tracking.run_end import write_hung_summary
 
     for sig in AGENT_IGNORES:
@@ -107,13 +113,18 @@ def _run(args: list[str], run_dir: Path | None, node: str, scratch: Path | None)
         failures = run_agent(torchrun_args([*log_dir, *args]))
     held = watchdog.held_complete if isinstance(watchdog, Watchdog) else None
     if held is not None and run_dir is not None:
-        print(f"error: {node}: {held_exit_line(held, COMPLETE_HELD)}", file=sys.stderr)
-        write_held_summary(run_dir, held, COMPLETE_HELD)
+        summary = write_held_summary(run_dir, held, COMPLETE_HELD)
+        print(f"error: {node}: {held_exit_line(held, COMPLETE_HELD, summary)}", file=sys.stderr)
         return COMPLETE_HELD
     if not failures:
         return 0
+    died = died_after_work(run_dir, failures) if run_dir is not None and not held else None
+    if died is not None and run_dir is not None:
+        print(f"error: {node}: {died_exit_line(died, COMPLETE_HELD)}", file=sys.stderr)
+        write_held_summary(run_dir, died, COMPLETE_HELD, key="died_after_work")
+        return COMPLETE_HELD
     if isinstance(watchdog, Watchdog) and watchdog.hangs:
-        print(f"error: {node}: {hang_exit_line(watchdog.hangs, HUNG)}", file=sys.stderr)
+        print(f"error: {node}: {hang_exit_line(watchdog.hangs, HUNG, run_dir)}", file=sys.stderr)
         if run_dir is not None:
             write_hung_summary(run_dir, watchdog.hangs[-1], HUNG)
         return HUNG

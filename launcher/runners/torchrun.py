@@ -134,10 +134,19 @@ def run_torchrun(
     in the shared run directory are node 0's to clear; `scratch`: this node's torchrun scratch.
     """
     from launcher.runners.agent import blame, run_agent, write_failures
-    from launcher.runners.held import held_exit_line, write_held_summary
+    from launcher.runners.held import (
+        MISSING,
+        died_after_work,
+        died_exit_line,
+        ended_after_training,
+        hang_exit_line,
+        held_exit_line,
+        rerun,
+        write_held_summary,
+    )
     from launcher.runners.signals import StopAtOnce, forward_stop_signals
     from launcher.runners.slurm_node import resumable
-    from launcher.runners.watchdog import Watchdog, hang_exit_line
+    from launcher.runners.watchdog import Watchdog
     from launcher.tracking.run_end import write_hung_summary
 
     assert argv[0] == TORCHRUN, argv
@@ -147,14 +156,14 @@ def run_torchrun(
         rank_failures_file(run_dir).unlink(missing_ok=True)
     failures = []
     try:
-        with _environment(env), forward_stop_signals(), Watchdog(run_dir) as watchdog:
+        with _environment(env), forward_stop_signals(run_dir), Watchdog(run_dir) as watchdog:
             failures = run_agent(argv[1:])
-    except StopAtOnce:
+    except StopAtOnce as stop:
+        if stop.work is not None:  # training was over: nothing to stop after, nothing to save
+            return ended_after_training(stop.work, run_dir)
         if read_stopped(run_dir) is not None:
             return STOPPED_RESUMABLE  # the ranks had saved and were exiting
-        log.warning(
-            "stopped at once (a second SIGTERM); a rerun resumes from the last complete checkpoint."
-        )
+        log.warning(f"stopped at once (a second SIGTERM); {rerun(run_dir)}.")
         return 128 + signal.SIGTERM
     finally:
         shutil.rmtree(scratch or run_dir / AGENT_DIR, ignore_errors=True)
@@ -163,14 +172,19 @@ def run_torchrun(
     if read_stopped(run_dir) is not None or resumable(f.exitcode for f in failures):
         return STOPPED_RESUMABLE  # stopped on a signal after a checkpoint (rank 0 said where)
     if watchdog.held_complete is not None:
-        log.error(held_exit_line(watchdog.held_complete, COMPLETE_HELD))
-        write_held_summary(run_dir, watchdog.held_complete, COMPLETE_HELD)
+        summary = write_held_summary(run_dir, watchdog.held_complete, COMPLETE_HELD)
+        log.error(held_exit_line(watchdog.held_complete, COMPLETE_HELD, summary))
         return COMPLETE_HELD
     if failures and watchdog.hangs:
         write_failures(rank_failures_file(run_dir), failures)
-        log.error(hang_exit_line(watchdog.hangs, HUNG))
+        log.error(hang_exit_line(watchdog.hangs, HUNG, run_dir))
         write_hung_summary(run_dir, watchdog.hangs[-1], HUNG)
         return HUNG
+    if failures and (died := died_after_work(run_dir, failures)) is not None:
+        write_failures(rank_failures_file(run_dir), failures)
+        summary = write_held_summary(run_dir, died, COMPLETE_HELD, key="died_after_work")
+        log.error(died_exit_line(died, COMPLETE_HELD) + ("" if summary else f" ({MISSING})"))
+        return COMPLETE_HELD
     if failures:
         write_failures(rank_failures_file(run_dir), failures)
         log.error(blame(failures, run_dir))

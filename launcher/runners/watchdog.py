@@ -39,6 +39,7 @@ from launcher.logs import get_logger
 from launcher.rundir import HANG_REPORT_FILE, heartbeat_file, stacks_file
 from launcher.runners.hang_ranks import DUMP_WAIT_S, Rank, rank_of, read_beat, report_text
 from launcher.runners.held import Held, attempt_started, held_line, held_ranks
+from launcher.runners.held_save import held_in_save
 from launcher.runners.signals import worker_processes
 from launcher.userpath.own import open_own
 from launcher.worker.heartbeat import DUMP_SIGNAL
@@ -112,10 +113,13 @@ class Watchdog:
                 ranks = self.ranks()
                 if any(r.late_s > 0 for r in ranks):
                     self.fire(ranks)
-                elif (held := held_ranks(self.run_dir, ranks)) is not None:
+                elif (held := held_ranks(self.run_dir, ranks) or self.in_save(ranks)) is not None:
                     self.fire_held(ranks, held)
             except Exception as exc:  # a watchdog must not end the job
                 log.warning(f"hang watchdog: {type(exc).__name__}: {exc}")
+
+    def in_save(self, ranks: list[Rank]) -> Held | None:
+        return held_in_save(self.run_dir, ranks, time.time())
 
     def ranks(self) -> list[Rank]:
         """This node's live ranks that report a heartbeat of their own."""
@@ -175,6 +179,7 @@ class Watchdog:
             phases={r.rank: r.beat.get("phase") for r in held.late},
             complete=complete,
             final_checkpoint=held.final_checkpoint,
+            checkpoints=held.checkpoints,
             since=attempt_started(ranks),
         )
         if complete and self._previous is not None:
@@ -284,14 +289,3 @@ def _blame(ranks: list[Rank], stacks: dict[int, str]) -> list[Rank]:
     if len(stacks) == len(ranks):
         return []  # all of them wait for a peer elsewhere
     return [r for r in ranks if r.rank not in stacks] or [max(ranks, key=lambda r: r.late_s)]
-
-
-def hang_exit_line(hangs: list[dict[str, Any]], code: int) -> str:
-    last = hangs[-1]
-    ranks = ", ".join(str(r) for r in last["ranks"])
-    who = f"rank {ranks}" if ranks else "a rank on another node"
-    return (
-        f"the job hung ({who}, train.hang_timeout={last['hang_timeout']:g} s) and no "
-        f"restart was left: exit {code}. Report: {last['report']}; a rerun resumes from the last "
-        "complete checkpoint."
-    )

@@ -1,9 +1,10 @@
 """A rank's progress, for the watchdog of the process that started it
 (launcher/runners/watchdog.py).
 
-With train.hang_timeout > 0 each rank keeps `<run dir>/heartbeats/rank<r>.json` up to date: its
+Each rank started by torchrun's agent keeps `<run dir>/heartbeats/rank<r>.json` up to date: its
 host, pid, the step it is at, and the deadline by which it must next report (now +
-hang_timeout), or none while it is in a phase that the watchdog does not time: start-up and the
+hang_timeout; none with train.hang_timeout=0), or none while it is in a phase that the watchdog
+does not time: start-up and the
 first step of the process (model building, compilation, a resume), a checkpoint save, the end.
 One file write per optimizer step (at its end, which sets the next step's deadline), atomic
 (written beside, then renamed), nothing collective.
@@ -31,16 +32,22 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from launcher.config.root import RootConfig
 from launcher.lifetime import AGENT_PID_ENV
 from launcher.rundir import heartbeat_file, stacks_file
 from launcher.userpath.own import open_own
 
+if TYPE_CHECKING:
+    from launcher.checkpoint.checkpointer import Checkpointer
+
 DUMP_SIGNAL = signal.SIGUSR2
 """The signal the watchdog sends a rank for its stacks."""
 FINAL_SAVE = "final save"
+SAVE_WRITTEN = "final save written"
+"""This rank's part of the final save is done (rank 0's: with the completion record); it waits
+for the others (launcher/runners/held_save.py)."""
 EXIT_PHASE = "exit"
 """The last record of a rank, with its exit status (a clean exit: 0, and its process gone)."""
 
@@ -92,7 +99,7 @@ class Heartbeat:
             "phase": phase,
             "time": now,
             "timeout": self.timeout_s,
-            "deadline": now + self.timeout_s if timed else None,
+            "deadline": now + self.timeout_s if timed and self.timeout_s else None,
             **self.facts,
             **extra,
         }
@@ -115,10 +122,28 @@ class Heartbeat:
         saving = self.saves_after(step)
         self.beat(step, "save" if saving else "step", timed=not saving)
 
-    def end(self) -> None:
-        """Training is over (the final save, the summary follow): no step deadline any more."""
+    def end(self, checkpoints: Checkpointer | None = None) -> None:
+        """Training is over (the final save, the summary follow): no step deadline any more.
+        From here each save of `checkpoints` says when this rank's part of it is done
+        (SAVE_WRITTEN: its files written; rank 0's once the completion record is in place)."""
         self.facts["ended"] = True
         self.phase(FINAL_SAVE)
+        if checkpoints is None:
+            return
+        pause, committed = checkpoints.before_marker, checkpoints.after_commit
+
+        def before_marker(step: int) -> None:  # rank 0: the record is its part too
+            self.phase(FINAL_SAVE)
+            if pause is not None:
+                pause(step)
+
+        def after_commit(step: int, path: Path) -> None:
+            if committed is not None:
+                committed(step, path)
+            self.phase(SAVE_WRITTEN)
+
+        checkpoints.before_marker, checkpoints.after_commit = before_marker, after_commit
+        checkpoints.rank_written = lambda: self.phase(SAVE_WRITTEN)
 
     def phase(self, name: str, allow_s: float = 0.0, **facts: Any) -> None:
         """A phase of the rank's end begins. `facts` stay in every later record; `allow_s`: how
@@ -136,8 +161,7 @@ class Heartbeat:
 
 
 class Silent(Heartbeat):
-    """No watchdog reads this rank (train.hang_timeout=0, or the in-process run): nothing
-    written."""
+    """No watchdog reads this rank (the in-process run): nothing written."""
 
     def __init__(self) -> None:
         self.step, self.facts = 0, {}
@@ -163,10 +187,12 @@ class Silent(Heartbeat):
 
 def start_heartbeat(cfg: RootConfig, run_dir: Path, rank: int) -> Heartbeat:
     """The rank's heartbeat (its stacks on SIGUSR2 too), from just after the process group is
-    joined to the rank's exit; None with train.hang_timeout=0 or with no watchdog to read it (a
-    rank not started by torchrun's agent: the in-process run) a Silent one. The last step is not
-    timed (the final save follows); `untimed_after` adds the steps a checkpoint follows."""
-    if not cfg.train.hang_timeout or AGENT_PID_ENV not in os.environ:
+    joined to the rank's exit; with no watchdog to read it (a rank not started by torchrun's
+    agent: the in-process run) a Silent one. With train.hang_timeout=0 it is written with no
+    deadlines (nothing is timed): `launch` still reads its phases (a SIGTERM once training is over,
+    launcher/runners/signals.py). The last step is not timed (the final save follows);
+    `untimed_after` adds the steps a checkpoint follows."""
+    if AGENT_PID_ENV not in os.environ:
         return Silent()
     steps = cfg.train.steps
     heartbeat = Heartbeat(run_dir, rank, cfg.train.hang_timeout, lambda s: s >= steps)

@@ -130,7 +130,7 @@ def train_rank(
     data = build_data(cfg, model)
     dataset = data.train
     if ctx.is_main:  # small data told the truth: packing, a global batch past an epoch
-        announce_data(dataset, split.global_size)
+        announce_data(dataset, split, cfg.batch.micro, cfg.batch.grad_accum)
     tracker = start_tracking(cfg, run_dir, ctx)
     trainer = Trainer(cfg, ctx, engine, dataset, tracker, loss_fn=loss_function(cfg))
     checkpoints = Checkpointer(cfg, run_dir, ctx, trainer)
@@ -164,7 +164,7 @@ def train_rank(
         tracker.rewind(resumed.step if resumed is not None else 0)
         trained = trainer.train(stop)
         mark("trained")
-        heartbeat.end()
+        heartbeat.end(checkpoints)
         if not trained:
             # Every rank agreed to stop at this step boundary: save, mark, exit 75.
             saved = checkpoints.stop(stop.signal_name if stop is not None else None)
@@ -172,7 +172,12 @@ def train_rank(
             return StoppedRun(trainer.step, str(saved) if saved else None)
         saved = checkpoints.save_final()
         # The run's work is saved once metrics.jsonl has every step too (the watchdog looks).
-        heartbeat.phase("evaluation", final_checkpoint=saved and str(saved), steps=cfg.train.steps)
+        heartbeat.phase(
+            "evaluation",
+            final_checkpoint=saved and str(saved),
+            steps=cfg.train.steps,
+            checkpoints=cfg.checkpoint.enabled,
+        )
         stop_at_end(cfg, ctx.rank)
     except BaseException as exc:
         try:

@@ -7,6 +7,7 @@ train.hang_timeout, is named and ended, and the job exits COMPLETE_HELD."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from contextlib import suppress
 from pathlib import Path
@@ -142,3 +143,126 @@ def wait_for_phase(launch: Launch, beat: Path, phase: str, timeout: float = 300)
         )
         assert time.monotonic() < deadline, f"no {phase} in {beat} in {timeout}s:\n{launch.output}"
         time.sleep(0.1)
+
+
+def held_launch(tmp_path: Path, *extra: str, held: int = 1) -> tuple[Launch, Path]:
+    """A dp=2 run whose rank `held` stops itself after the final save; the other finishes."""
+    run_dir = tmp_path / "run"
+    args = [
+        "train",
+        f"train.steps={HELD_STEPS}",
+        "batch.global_size=8",
+        *FAST,
+        *DP2,
+        f"debug.stop_at_end_on_rank={held}",
+        *extra,
+    ]
+    return Launch(args, run_dir), run_dir
+
+
+def end_all(launch: Launch) -> None:
+    if launch.proc.poll() is None:  # a failed test: no stopped rank left behind
+        for proc in psutil.Process(launch.proc.pid).children(recursive=True):
+            proc.kill()
+
+
+def test_a_rank_killed_after_the_work_was_saved_leaves_the_job_complete(tmp_path: Path) -> None:
+    """kill -9 of the stopped rank once rank 0 exited: the same verdict as a held rank."""
+    launch, run_dir = held_launch(tmp_path, "train.hang_timeout=600")
+    try:
+        wait_for_phase(launch, run_dir / "heartbeats" / "rank0.json", "exit")
+        rank_process(launch.proc.pid, 1).kill()
+        code = launch.wait(timeout=120)
+    finally:
+        end_all(launch)
+    output = launch.output
+    assert code == COMPLETE_HELD, output
+    assert "rank 1 (SIGKILL, exit -9, in evaluation) died after the run's work was complete" in (
+        output
+    ), output
+    assert "died first" not in output and "Nothing to rerun" in output, output
+    summary = read_summary(run_dir)
+    assert (summary["status"], summary["exit_status"]) == ("completed", COMPLETE_HELD), summary
+    assert summary["died_after_work"]["ranks"] == [1], summary
+
+
+def test_a_held_run_without_checkpoints_is_complete_with_every_steps_metrics(
+    tmp_path: Path,
+) -> None:
+    """checkpoint.enabled=false: metrics.jsonl holding every step is the work; never a claim
+    that a rerun resumes from a checkpoint."""
+    launch, run_dir = held_launch(
+        tmp_path, f"train.hang_timeout={HELD_TIMEOUT}", "checkpoint.enabled=false"
+    )
+    try:
+        wait_for_phase(launch, run_dir / "heartbeats" / "rank0.json", "exit")
+        code = launch.wait(timeout=HELD_TIMEOUT + 30)  # from rank 0's exit
+    finally:
+        end_all(launch)
+    output = launch.output
+    assert code == COMPLETE_HELD, output
+    assert "complete and saved (checkpoint.enabled=false" in output, output
+    assert "resumes from the last complete checkpoint" not in output, output
+    assert [m["step"] for m in read_metrics(run_dir)] == list(range(1, HELD_STEPS + 1))
+
+
+def test_one_sigterm_ends_a_job_whose_training_is_over(tmp_path: Path) -> None:
+    """train.hang_timeout=0 (no watchdog clock): rank 1 stopped after the final save, rank 0
+    exited. One SIGTERM (what `timeout` or `docker stop` sends) ends the job, without asking
+    for a next step or a save."""
+    launch, run_dir = held_launch(tmp_path, "train.hang_timeout=0")
+    try:
+        wait_for_phase(launch, run_dir / "heartbeats" / "rank0.json", "exit")
+        launch.proc.send_signal(signal.SIGTERM)
+        code = launch.wait(timeout=60)
+    finally:
+        end_all(launch)
+    output = launch.output
+    assert code == COMPLETE_HELD, output
+    assert (
+        "training is over on every rank (all past their last step and the final save)" in output
+        and "complete and saved" in output
+    ), output
+    assert "after the current step" not in output, output
+    assert "Nothing to rerun" in output, output
+
+
+def test_a_rank_wedged_in_the_final_save_is_named_and_the_job_ends_hung(tmp_path: Path) -> None:
+    """Rank 0 holds the final save before its completion record (debug.pause_save_at_step);
+    rank 1 has written its part: rank 0 gets train.hang_timeout from then, is named with its
+    stack, and the job ends HUNG (no final checkpoint), not at the process group's timeout."""
+    run_dir = tmp_path / "run"
+    args = [
+        "train",
+        "train.steps=2",
+        "batch.global_size=8",
+        *FAST,
+        *DP2,
+        f"train.hang_timeout={HELD_TIMEOUT}",
+        "debug.pause_save_at_step=2",
+    ]
+    launch = Launch(args, run_dir)
+    try:
+        wait_for_phase(launch, run_dir / "heartbeats" / "rank1.json", "final save written")
+        code = launch.wait(timeout=HELD_TIMEOUT + 60)
+    finally:
+        end_all(launch)
+    output = launch.output
+    assert code == HUNG, output
+    assert "rank 0 on " in output and "in final save) still running" in output, output
+    assert "after rank 1 finished its part of the final save" in output, output
+    assert "the run's work is not complete (no final checkpoint)" in output, output
+    assert "in __call__" in (run_dir / HANG_REPORT_FILE).read_text()  # the pause, on its stack
+
+
+def test_a_held_rank_0_is_said_to_leave_no_evaluation_or_figures(tmp_path: Path) -> None:
+    launch, run_dir = held_launch(tmp_path, f"train.hang_timeout={HELD_TIMEOUT}", held=0)
+    try:
+        wait_for_phase(launch, run_dir / "heartbeats" / "rank1.json", "exit")
+        code = launch.wait(timeout=HELD_TIMEOUT + 30)  # from rank 1's exit
+    finally:
+        end_all(launch)
+    output = launch.output
+    assert code == COMPLETE_HELD, output
+    assert "Nothing to rerun (but rank 0 did not finish: no end-of-run evaluation" in output, output
+    assert read_summary(run_dir)["status"] == "completed"

@@ -48,7 +48,7 @@ def test_a_global_batch_past_an_epoch_says_so_once(chat: list[str], tmp_path: Pa
     assert len(said) == 1, proc.stderr
     assert said[0].startswith("warning: the global batch of 32 sequences is larger than an epoch")
     assert "12 samples: each step sees every one 2.67 times on average" in said[0]
-    assert "batch.global_size to 12 or less" in said[0]
+    assert "Fix: set batch.global_size=12 (the largest batch within an epoch" in said[0]
     assert "windows" not in proc.stdout  # one record per sequence: nothing packed
 
 

@@ -322,7 +322,7 @@ def test_a_longer_run_is_warned_about_once(
 
 
 def test_a_stop_before_the_first_step_saves_nothing_and_starts_over(
-    ctx: DistContext, tmp_path: Path
+    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
 ) -> None:
     # An elastic re-rendezvous can stop the ranks before step 1: the optimizer has no state yet,
     # so a step-0 checkpoint could never be resumed (its optimizer keys are missing).
@@ -330,6 +330,9 @@ def test_a_stop_before_the_first_step_saves_nothing_and_starts_over(
     (tmp_path / "stopped").mkdir()
     trainer = build_trainer(cfg, ctx, tmp_path / "stopped")
     assert Checkpointer(cfg, tmp_path / "stopped", ctx, trainer).stop("SIGTERM") is None
+    [said] = [w for w in warnings_seen if w.startswith("stopped after step 0")]
+    assert "nothing saved (no step was trained yet)" in said
+    assert "Run the same command to start over" in said and "resume" not in said
     assert find_checkpoints(tmp_path / "stopped" / "checkpoints") == []
     trainer = build_trainer(cfg, ctx, tmp_path / "stopped")
     checkpoints = Checkpointer(cfg, tmp_path / "stopped", ctx, trainer)

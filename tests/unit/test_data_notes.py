@@ -3,11 +3,13 @@ epoch, with the numbers; how many records went into how many windows, and the fi
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from launcher.config.batch import resolve_batch
 from launcher.data.heldout import hold_out
 from launcher.data.mixture import MixtureDataset
 from launcher.data.notes import concatenated, data_notes, epoch_warning, packing_of
@@ -31,7 +33,31 @@ def test_a_global_batch_past_an_epoch_is_a_warning_with_the_numbers(
     warning = epoch_warning(samples, global_size)
     assert warning is not None
     assert f"the global batch of {global_size} sequences is larger than an epoch" in warning
-    assert said in warning and f"batch.global_size to {samples} or less" in warning
+    assert said in warning and f"set batch.global_size={samples} (the largest" in warning
+
+
+@pytest.mark.parametrize(
+    ("micro_size", "grad_accum", "dp"),
+    [(None, None, 2), (None, None, 8), (4, None, 2), (None, 3, 2), (2, 4, 2), (None, None, 1)],
+)
+def test_the_smaller_batch_the_warning_names_splits_as_set(
+    micro_size: int | None, grad_accum: int | None, dp: int
+) -> None:
+    # 195 samples under a global batch of 256: the Fix's batch is at most the epoch and passes the
+    # batch arithmetic with the other settings as the run set them (195 itself is refused on dp=2).
+    warning = epoch_warning(195, 256, as_set=(micro_size, grad_accum, dp))
+    assert warning is not None
+    fix = re.search(r"Fix: set (\S+=\d+)( batch.grad_accum=null)?", warning)
+    assert fix is not None, warning
+    size = int(fix.group(1).removeprefix("batch.global_size="))
+    accum = None if fix.group(2) else grad_accum
+    assert 0 < size <= 195
+    assert resolve_batch(size, micro_size, accum, dp).global_size == size
+
+
+def test_an_epoch_smaller_than_one_split_only_asks_for_more_data() -> None:
+    warning = epoch_warning(5, 32, as_set=(4, None, 2))  # 8 is the least global batch
+    assert warning is not None and warning.endswith("Fix: use more data.")
 
 
 @pytest.mark.parametrize(("samples", "global_size"), [(32, 32), (100, 32), (0, 32)])

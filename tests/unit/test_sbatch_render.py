@@ -112,6 +112,7 @@ def test_body_values_are_quoted(tmp_path: Path) -> None:
     [
         ({"job_name": "x$(touch /tmp/pwned)"}, ["cluster.job_name"]),
         ({"job_name": "a b"}, ["cluster.job_name"]),
+        ({"python": "python3 -u"}, ["cluster.python"]),  # a command with arguments
         ({"partition": "gpu;rm -rf"}, ["cluster.partition"]),
         ({"account": "a\nb"}, ["cluster.account"]),
         ({"constraint": "a100 #x"}, ["cluster.constraint"]),
@@ -134,6 +135,14 @@ def test_bad_values_name_the_key(cluster: dict[str, Any], keys: list[str]) -> No
     with pytest.raises(ConfigError) as info:
         to_root_config({"cluster": {"name": "slurm", **cluster}})
     assert info.value.keys == keys
+
+
+@pytest.mark.parametrize("key", ["job_name", "partition", "rdzv_id"])
+def test_an_empty_name_is_said_to_be_empty(key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        to_root_config({"cluster": {"name": "slurm", key: ""}})
+    assert info.value.keys == [f"cluster.{key}"]
+    assert "is empty" in str(info.value) and "characters" not in str(info.value).split("Fix")[0]
 
 
 @pytest.mark.parametrize(
