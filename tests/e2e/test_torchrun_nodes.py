@@ -350,3 +350,31 @@ def test_node_0_on_a_machine_that_is_not_the_endpoints_host_is_told_so(tmp_path:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "but this machine is not 192.0.2.1" in proc.stderr
     assert "PET_NODE_RANK" in proc.stderr and "choose a free port" not in proc.stderr
+
+
+def test_a_node_stopped_in_the_meeting_and_started_again_leaves_room_for_the_last(
+    tmp_path: Path,
+) -> None:
+    """Three nodes: A and B wait, B is stopped (Ctrl-C) and started again, then C comes: all
+    three train (B's first seat was given back)."""
+    run_dir, port = tmp_path / "run", free_port()
+    args = [
+        *COMMON,
+        "train.steps=2",
+        "parallel.dp=3",
+        "batch.global_size=12",
+        "batch.micro_size=4",
+        "parallel.nodes=3",
+        "cluster=torchrun",
+        f"cluster.rdzv_endpoint=127.0.0.1:{port}",
+        "cluster.rdzv_timeout=60",
+    ]
+    a = start_node(args, run_dir, "a", {})
+    wait_for_seats(port, 1, [a])
+    b = start_node(args, run_dir, "b", {})
+    wait_for_seats(port, 2, [a, b])
+    b.proc.send_signal(signal.SIGINT)
+    b.wait(NODE_WAIT_S)
+    nodes = [a, start_node(args, run_dir, "b2", {}), start_node(args, run_dir, "c", {})]
+    assert both_finish(nodes) == [0, 0, 0], "\n".join(n.output for n in nodes)
+    assert read_metrics(run_dir)[-1]["step"] == 2
