@@ -28,6 +28,7 @@ from launcher.config.load import to_plain
 from launcher.config.rendezvous import NodeRendezvous, resolve_rendezvous
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
+from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.rundir import AGENT_DIR, CONFIG_FILE, NODES_FILE, NODES_TOKEN_FILE
 from launcher.runners.local import LocalRunner
@@ -200,6 +201,9 @@ class TorchrunNodesRunner(LocalRunner):
                 )
             except RendezvousError as exc:
                 raise RendezvousFailed(rendezvous_lost(rdzv, exc, self.first_node)) from None
+            if code not in (0, STOPPED_RESUMABLE) and not self.first_node and host_gone(meeting):
+                # the ranks failed because node 0 went away: say that, not only their error
+                raise RendezvousFailed(rendezvous_lost(rdzv, ConnectionError(), hosts=False))
         if code == 0 and not self.first_node:
             log.info(f"{node_name(rdzv)}: done")
         return code
@@ -223,6 +227,17 @@ def stop_raises(rdzv: NodeRendezvous) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def host_gone(meeting: Meeting) -> bool:
+    """Whether node 0's store no longer answers this node."""
+    from launcher.runners.meeting import FIRST_KEY
+
+    try:
+        meeting.store.check([FIRST_KEY])
+    except RuntimeError:
+        return True
+    return False
 
 
 def flat_config(cfg: RootConfig) -> dict[str, str]:
