@@ -383,3 +383,18 @@ def test_a_node_stopped_in_the_meeting_and_started_again_leaves_room_for_the_las
     nodes = [a, start_node(args, run_dir, "b2", {}), start_node(args, run_dir, "c", {})]
     assert both_finish(nodes) == [0, 0, 0], "\n".join(n.output for n in nodes)
     assert read_metrics(run_dir)[-1]["step"] == 2
+
+
+def test_a_node_that_leaves_and_does_not_come_back_ends_node_0_with_one_line(
+    tmp_path: Path,
+) -> None:
+    run_dir, port = tmp_path / "run", free_port()
+    args = [*nodes_args(port), SLOW, "train.max_restarts=1", "cluster.rdzv_timeout=10"]
+    nodes = [start_node([*args, f"cluster.node_rank={i}"], run_dir, f"n{i}", {}) for i in range(2)]
+    nodes[0].wait_for_step(3, NODE_WAIT_S)
+    nodes[1].proc.kill()
+    assert nodes[0].wait(NODE_WAIT_S) == 1, nodes[0].output
+    assert "Traceback" not in nodes[0].output, nodes[0].output
+    last = nodes[0].output.strip().splitlines()[-1]
+    assert "left and did not come back within 10 s" in last, nodes[0].output
+    assert "start the same command on every node again" in last
