@@ -186,7 +186,7 @@ class TorchrunNodesRunner(LocalRunner):
             meeting = self.meeting = Meeting.open(rdzv)
             self.first_node = meeting.hosts
         with meeting:
-            with stop_raises(rdzv):
+            with stop_raises(rdzv, self.first_node):
                 if self.first_node:
                     token = secrets.token_hex(16)
                     replace_own(run_dir / NODES_TOKEN_FILE, token + "\n")
@@ -210,16 +210,21 @@ class TorchrunNodesRunner(LocalRunner):
 
 
 @contextmanager
-def stop_raises(rdzv: NodeRendezvous) -> Iterator[None]:
+def stop_raises(rdzv: NodeRendezvous, hosts: bool) -> Iterator[None]:
     """SIGTERM in the meeting: one line (and the seat given back), not a silent 143."""
 
     from launcher.runners.meeting import StoppedInMeeting
 
+    again = (
+        "start the same command on every node again (this node held the rendezvous)."
+        if hosts
+        else "start the same command on this node again to rejoin."
+    )
+
     def stop(signum: int, frame: object) -> None:
         raise StoppedInMeeting(
             f"stopped (SIGTERM) while waiting for the other nodes at {rdzv.endpoint} "
-            f"({rdzv.rdzv_id}); no training had started. Fix: start the same command on this "
-            "node again to rejoin."
+            f"({rdzv.rdzv_id}); no training had started. Fix: {again}"
         )
 
     previous = signal.signal(signal.SIGTERM, stop)

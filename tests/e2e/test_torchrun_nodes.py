@@ -331,6 +331,7 @@ def test_sigterm_to_a_node_in_the_meeting_is_one_line_and_frees_its_seat(tmp_pat
     first.proc.send_signal(signal.SIGTERM)
     assert first.wait(NODE_WAIT_S) == 128 + signal.SIGTERM, first.output
     assert "stopped (SIGTERM) while waiting for the other nodes" in first.output
+    assert "Fix: start the same command on every node again (this node held" in first.output
 
 
 def test_node_0_on_a_machine_that_is_not_the_endpoints_host_is_told_so(tmp_path: Path) -> None:
