@@ -8,6 +8,7 @@ files and hands the same plan to its runner.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,7 @@ class Plan:
             f"runner      {self.runner}",
         ]
         if self.command:
-            lines.append("command     " + " ".join(self.command))
+            lines.append("command     " + shlex.join(self.command))  # as a shell reads it
         if self.env:
             lines.append("env         " + " ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
         return "\n".join(lines)

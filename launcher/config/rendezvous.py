@@ -57,6 +57,12 @@ class NodeRendezvous:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+def join_host(host: str, port: str) -> str:
+    """HOST:PORT, a bare IPv6 address in brackets ([::1]:29500)."""
+    bare = ":" in host and not host.startswith("[")
+    return f"[{host}]:{port}" if bare else f"{host}:{port}"
+
+
 def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
     """(name, value) of the first of `names` set to a non-blank value."""
     for name in names:
@@ -119,11 +125,11 @@ def _endpoint(cfg: RootConfig, env: Mapping[str, str]) -> tuple[str, int, str]:
         if host:
             port = env.get(port_name, "").strip() or str(DEFAULT_PORT)
             where = f"{address}, {port_name}" if env.get(port_name, "").strip() else address
-            return (*split_endpoint(f"{address}:{port_name}", f"{host}:{port}"), where)
+            return (*split_endpoint(f"{address}:{port_name}", join_host(host, port)), where)
     ips = env.get(SKYPILOT_IPS, "").split()
     if ips:
         port = env.get("MASTER_PORT", "").strip() or str(DEFAULT_PORT)
-        host, number = split_endpoint(SKYPILOT_IPS, f"{ips[0]}:{port}")
+        host, number = split_endpoint(SKYPILOT_IPS, join_host(ips[0], port))
         return host, number, f"{SKYPILOT_IPS} (its first node), port {number}"
     raise ConfigError(
         "cluster.rdzv_endpoint",

@@ -90,6 +90,19 @@ _ELASTIC_API_LOG = logging.getLogger("torch.distributed.elastic.multiprocessing.
 _ELASTIC_API_LOG.addFilter(_DropReportedFailures())
 
 
+class _DropLostRendezvous(logging.Filter):
+    """torchrun's warning that it could not close a rendezvous whose host (node 0) is gone:
+    cluster=torchrun says that in one line (launcher/runners/torchrun_nodes.py)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "has failed to shutdown the rendezvous" not in record.getMessage()
+
+
+logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").addFilter(
+    _DropLostRendezvous()
+)
+
+
 TORCHRUN_ENV_PREFIX = "PET_"
 """torchrun reads PET_<ARGUMENT> as the default of each argument it is not given."""
 

@@ -27,7 +27,7 @@ def thread_environment(cfg: RootConfig) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(max(1, local_cpu_count() // cfg.parallel.ranks_per_node))}
 
 
-def warn_node_environment() -> None:
+def warn_node_environment(cfg: RootConfig) -> None:
     """cluster=local in an environment that an engine set up for several nodes (Kubeflow
     Trainer's PET_* variables): training here alone is what the config says, but say so, and how
     to join the other nodes (torchrun itself never reads them here: launcher/runners/agent.py)."""
@@ -36,6 +36,11 @@ def warn_node_environment() -> None:
         return
     nodes = os.environ.get("PET_NNODES", "").split(":")[-1]
     hint = f" parallel.nodes={nodes}" if nodes.isdigit() and int(nodes) > 1 else ""
+    per_node = os.environ.get("PET_NPROC_PER_NODE", "").strip()
+    if hint and per_node.isdigit() and int(per_node) > 0:
+        ranks = int(nodes) * int(per_node)  # dp x tp in all
+        if ranks % cfg.parallel.tp == 0:
+            hint += f" parallel.dp={ranks // cfg.parallel.tp}"
     log.warning(
         f"{', '.join(found)} are set (torchrun's multi-node variables, as Kubeflow Trainer sets "
         "them), but cluster=local trains on this machine alone and ignores them. Fix: to train "
@@ -83,7 +88,7 @@ class LocalRunner(Runner):
 
     def check_environment(self, cfg: RootConfig) -> str:
         if cfg.cluster.name == ClusterKind.local:
-            warn_node_environment()
+            warn_node_environment(cfg)
         per_node = cfg.parallel.ranks_per_node
         wants_gpu = cfg.train.device == "cuda" or (
             cfg.train.device == "auto" and torch.cuda.is_available()

@@ -11,35 +11,46 @@ port.
 2. Every other node waits for that and reads the token from its own view of the directory:
    another token, or none, means that it does not see node 0's directory; it stops with the
    shared-filesystem error and tells the others, which stop too.
-3. Each node that passed counts itself in; all wait until parallel.min_nodes (else
-   parallel.nodes) have, at most cluster.rdzv_timeout seconds: then the error names the nodes
-   that came and those that did not. A node beyond parallel.nodes of a job that is not elastic is
-   refused: the directory is that job's.
+3. Each node that passed takes a seat (launcher/runners/seats.py: a free one, or that of a node
+   that is gone, so a restarted node rejoins); all wait until parallel.min_nodes (else
+   parallel.nodes) seats are taken, at most cluster.rdzv_timeout seconds: then the error names
+   the nodes that came and those that did not. A node beyond parallel.nodes of a job that is not
+   elastic, while they all live, is refused: the directory is that job's.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
+import signal
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
-import psutil
 from torch.distributed import TCPStore
 
 from launcher.config.rendezvous import NodeRendezvous
 from launcher.errors import ConfigError, LauncherError
 from launcher.exit_codes import FAILED
 from launcher.lifetime import RunDirectoryBusy
-from launcher.rundir import NODES_TOKEN_FILE
+from launcher.rundir import CONFIG_FILE, NODES_TOKEN_FILE
+from launcher.runners.seats import (
+    PREFIX,
+    Beat,
+    Seats,
+    describe_node,
+    free_port,
+    is_this_machine,
+)
 
-_PREFIX = "launcher/nodes/"
+T = TypeVar("T")
+
+_PREFIX = PREFIX
 FIRST_KEY = _PREFIX + "first"
-ARRIVED_KEY = _PREFIX + "arrived"
 FAILED_KEY = _PREFIX + "failed"
+CONFIG_KEY = _PREFIX + "config"
 POLL_S = 0.1
 TOKEN_GRACE_S = 10.0
 """How long a node looks for node 0's token in its run directory (a network filesystem may show
@@ -56,29 +67,15 @@ class RendezvousFailed(LauncherError):
     exit_code = FAILED
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+class StoppedInMeeting(RendezvousFailed):
+    """SIGTERM while this node waited for the others (the others wait on for it)."""
+
+    exit_code = 128 + signal.SIGTERM
 
 
-def is_this_machine(host: str) -> bool:
-    """Whether `host` names an address of this machine (loopback included)."""
-    try:
-        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
-    except OSError:
-        return False
-    mine = {
-        str(address.address).split("%")[0]
-        for nic in psutil.net_if_addrs().values()
-        for address in nic
-        if address.family in (socket.AF_INET, socket.AF_INET6)
-    }
-    return bool(addresses & mine) or any(a.startswith("127.") or a == "::1" for a in addresses)
-
-
-def describe_node() -> dict[str, object]:
-    return {"host": socket.gethostname(), "pid": os.getpid()}
+class OtherJob(ConfigError):
+    """This node found another job at its endpoint: it is not one of that job's nodes, and says
+    nothing to them."""
 
 
 class Meeting:
@@ -87,6 +84,9 @@ class Meeting:
     def __init__(self, rdzv: NodeRendezvous, store: TCPStore, hosts: bool) -> None:
         self.rdzv, self.store, self.hosts = rdzv, store, hosts
         self.deadline = time.monotonic() + rdzv.timeout
+        self.seat: int | None = None
+        self.beat: Beat | None = None
+        self.met = False
 
     @classmethod
     def open(cls, rdzv: NodeRendezvous) -> Meeting:
@@ -103,6 +103,16 @@ class Meeting:
                 )
                 return cls(rdzv, store, hosts=True)
             except RuntimeError as exc:
+                if rdzv.node_rank == 0 and not is_this_machine(rdzv.host):
+                    raise ConfigError(
+                        ["cluster.node_rank", "cluster.rdzv_endpoint"],
+                        f"this node is node 0 (from {rdzv.sources.get('cluster.node_rank')}), "
+                        f"which hosts the rendezvous at {rdzv.endpoint}, but this machine is not "
+                        f"{rdzv.host}.",
+                        f"check the address in cluster.rdzv_endpoint, and that only the machine "
+                        f"at {rdzv.host} has node rank 0 (cluster.node_rank, NODE_RANK, "
+                        "PET_NODE_RANK).",
+                    ) from None
                 if rdzv.node_rank == 0:
                     raise ConfigError(
                         "cluster.rdzv_endpoint",
@@ -128,9 +138,13 @@ class Meeting:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self.beat is not None:
+            self.beat.stop()
+        if self.seat is not None and exc is not None and not self.met:
+            Seats(self.store, self.rdzv.nodes).give_back(self.seat)  # stopped in the meeting
         # a node refused for a full job (RunDirectoryBusy) is not one of its nodes: nothing to say
         if isinstance(exc, LauncherError) and not isinstance(
-            exc, (RendezvousFailed, RunDirectoryBusy)
+            exc, (RendezvousFailed, RunDirectoryBusy, OtherJob)
         ):
             self._tell_others(str(exc))
 
@@ -160,12 +174,13 @@ class Meeting:
                 f"{info['why']}"
             )
 
-    def publish(self, run_dir: Path, token: str) -> None:
-        """Node 0: the directory is ready; its token and the job's id."""
+    def publish(self, run_dir: Path, token: str, config: dict[str, str]) -> None:
+        """Node 0: the directory is ready; its token, the job's id and its config (flat)."""
         first = {**describe_node(), "rdzv_id": self.rdzv.rdzv_id, "token": token}
+        self.store.set(CONFIG_KEY, json.dumps(config))
         self.store.set(FIRST_KEY, json.dumps({**first, "run_dir": str(run_dir)}))
 
-    def follow(self, run_dir: Path) -> None:
+    def follow(self, run_dir: Path, config: dict[str, str]) -> None:
         """Another node: wait for node 0's token and check that this node sees it."""
         while not self._has(FIRST_KEY):
             self._raise_if_failed()
@@ -177,12 +192,15 @@ class Meeting:
                 )
             time.sleep(POLL_S)
         first = json.loads(self.store.get(FIRST_KEY))
-        if first["rdzv_id"] != self.rdzv.rdzv_id:
-            raise ConfigError(
-                ["cluster.rdzv_id", "hydra.run.dir"],
-                f"this node's job is {self.rdzv.rdzv_id!r}, but node 0 ({first['host']}) runs "
-                f"{first['rdzv_id']!r} ({first['run_dir']}).",
-                "give every node the same hydra.run.dir (or the same cluster.rdzv_id).",
+        rdzv = self.rdzv
+        if first["rdzv_id"] != rdzv.rdzv_id:
+            raise OtherJob(
+                ["cluster.rdzv_endpoint", "hydra.run.dir"],
+                f"the endpoint {rdzv.endpoint} is taken by another job, {first['rdzv_id']!r} "
+                f"({first['run_dir']}, node 0 on {first['host']}); this node's job is "
+                f"{rdzv.rdzv_id!r}.",
+                f"pick another port for this job, e.g. cluster.rdzv_endpoint={rdzv.host}:"
+                f"{free_port()}, or give every node of one job the same hydra.run.dir.",
             )
         path = run_dir / NODES_TOKEN_FILE
         grace = time.monotonic() + min(TOKEN_GRACE_S, self.rdzv.timeout)
@@ -196,45 +214,78 @@ class Meeting:
                 f"{run_dir} has {what} ({NODES_TOKEN_FILE}).",
                 SHARED_FIX,
             )
+        theirs = json.loads(self.store.get(CONFIG_KEY))
+        differ = sorted(k for k in {*theirs, *config} if theirs.get(k) != config.get(k))
+        if differ:
+            shown = ", ".join(
+                f"{k}={config.get(k, '(unset)')} (node 0: {theirs.get(k, '(unset)')})"
+                for k in differ[:4]
+            ) + (f" and {len(differ) - 4} more" if len(differ) > 4 else "")
+            raise ConfigError(
+                differ[:4],
+                f"this node's config differs from node 0's ({run_dir / CONFIG_FILE}): {shown}.",
+                "run the same command on every node (nodes.txt in the run directory has it).",
+            )
 
     def arrive(self) -> None:
-        """Count this node in; wait until enough nodes have (or name who did not come)."""
+        """Take a seat (a free one, or that of a node that is gone: a restarted node rejoins);
+        wait until enough nodes have (or name who did not come)."""
         rdzv = self.rdzv
-        seat = self.store.add(ARRIVED_KEY, 1)
-        node = {**describe_node(), "node_rank": rdzv.node_rank}
-        self.store.set(f"{_PREFIX}node{seat}", json.dumps(node))
-        if seat > rdzv.nodes and rdzv.least_nodes == rdzv.nodes:
+        seats = Seats(self.store, rdzv.nodes)
+        me = {**describe_node(), "node_rank": rdzv.node_rank}
+        seat = self._alive(lambda: seats.take(me, self._raise_if_failed))
+        if seat is None and rdzv.least_nodes == rdzv.nodes:
             raise RunDirectoryBusy(
                 f"hydra.run.dir: the job at {rdzv.endpoint} ({rdzv.rdzv_id}) already has its "
-                f"{rdzv.nodes} nodes. Fix: wait for it to end, or start another job with another "
-                "run directory (hydra.run.dir=...) and endpoint."
+                f"{rdzv.nodes} nodes, all alive. Fix: wait for it to end, or start another job "
+                "with another run directory (hydra.run.dir=...) and endpoint."
             )
-        while (came := self.store.add(ARRIVED_KEY, 0)) < rdzv.least_nodes:
+        if seat is not None:
+            self.seat, self.beat = seat, Beat(rdzv.host, rdzv.port, seat)
+        while len(came := self._alive(seats.taken)) < rdzv.least_nodes:
             self._raise_if_failed()
             if time.monotonic() > self.deadline:
                 raise RendezvousFailed(self._missing(came))
             time.sleep(POLL_S)
+        self.met = True
 
-    def _missing(self, came: int) -> str:
-        rdzv = self.rdzv
-        seats = [f"{_PREFIX}node{i}" for i in range(1, came + 1)]
-        # a node counts itself in, then says who it is: one between the two is left out
-        nodes = [json.loads(self.store.get(k)) for k in seats if self.store.check([k])]
+    def _alive(self, call: Callable[[], T]) -> T:
+        """`call` on the store; node 0 gone: the launcher's error, naming who had come."""
+        try:
+            return call()
+        except RuntimeError:
+            try:
+                came = Seats(self.store, self.rdzv.nodes).taken()
+            except RuntimeError:
+                came = {}
+            raise RendezvousFailed(
+                f"node 0 at {self.rdzv.endpoint} went away before every node arrived "
+                f"({self._who(came)}). Fix: see node 0's output, then start the same command on "
+                "every node again."
+            ) from None
+
+    def _who(self, came: dict[int, dict[str, object]]) -> str:
         named = ", ".join(
             (f"node {n['node_rank']} " if n["node_rank"] is not None else "")
-            + f"({n['host']}, pid {n['pid']})"
-            for n in nodes
+            + f"{n['host']} pid {n['pid']}"
+            for n in came.values()
         )
-        ranks = {n["node_rank"] for n in nodes}
+        return f"{len(came)} of {self.rdzv.least_nodes} node(s) came" + (
+            f": {named}" if named else ""
+        )
+
+    def _missing(self, came: dict[int, dict[str, object]]) -> str:
+        rdzv = self.rdzv
+        ranks = {n["node_rank"] for n in came.values()}
         if None not in ranks:
             absent = ", ".join(f"node {r}" for r in range(rdzv.nodes) if r not in ranks)
         else:
-            absent = f"{rdzv.least_nodes - came} more node(s)"
+            absent = f"{rdzv.least_nodes - len(came)} more node(s)"
         return (
             f"cluster.rdzv_timeout: the rendezvous at {rdzv.endpoint} ({rdzv.rdzv_id}) did not "
-            f"complete in {rdzv.timeout} s: {came} of {rdzv.least_nodes} node(s) came ({named}); "
-            f"missing: {absent}. Fix: start the same command on the missing node(s) and check "
-            f"that they reach {rdzv.endpoint}; raise cluster.rdzv_timeout if they start later."
+            f"complete in {rdzv.timeout} s: {self._who(came)}; missing: {absent}. Fix: start the "
+            f"same command on the missing node(s) and check that they reach {rdzv.endpoint}; "
+            "raise cluster.rdzv_timeout if they start later."
         )
 
 

@@ -13,26 +13,41 @@ checkpoint (exit STOPPED_RESUMABLE); the same command on every node resumes.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
+import signal
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.config.load import to_plain
 from launcher.config.rendezvous import NodeRendezvous, resolve_rendezvous
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
+from launcher.exit_codes import STOPPED_RESUMABLE
+from launcher.logs import get_logger
 from launcher.rundir import AGENT_DIR, CONFIG_FILE, NODES_FILE, NODES_TOKEN_FILE
 from launcher.runners.local import LocalRunner
 from launcher.runners.torchrun import MONITOR_INTERVAL_S, TORCHRUN, environment_additions
+from launcher.secrets import redactor_for
 from launcher.userpath import replace_own
+
+log = get_logger(__name__)
 
 if TYPE_CHECKING:
     from launcher.plan import Plan
     from launcher.runners.meeting import Meeting
 
-NODE_ONLY_KEYS = ("cluster.node_rank=", "+cluster.node_rank=", "hydra.run.dir=")
+NODE_ONLY_KEYS = (
+    "cluster.node_rank=",
+    "+cluster.node_rank=",
+    "++cluster.node_rank=",
+    "hydra.run.dir=",
+)
 """Overrides left out of the command every node runs: a node's own, and the directory (added
 back, absolute)."""
 
@@ -160,7 +175,9 @@ class TorchrunNodesRunner(LocalRunner):
         return {NODES_FILE: nodes_text(run_dir, self._rdzv())}
 
     def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
-        from launcher.runners.meeting import Meeting
+        from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+        from launcher.runners.meeting import Meeting, RendezvousFailed
         from launcher.runners.torchrun import run_torchrun
 
         rdzv = self._rdzv()
@@ -169,14 +186,102 @@ class TorchrunNodesRunner(LocalRunner):
             meeting = self.meeting = Meeting.open(rdzv)
             self.first_node = meeting.hosts
         with meeting:
-            if self.first_node:
-                token = secrets.token_hex(16)
-                replace_own(run_dir / NODES_TOKEN_FILE, token + "\n")
-                meeting.publish(run_dir, token)
-            else:
-                meeting.follow(run_dir)
-            meeting.arrive()
+            with stop_raises(rdzv, self.first_node):
+                if self.first_node:
+                    token = secrets.token_hex(16)
+                    replace_own(run_dir / NODES_TOKEN_FILE, token + "\n")
+                    meeting.publish(run_dir, token, flat_config(cfg))
+                else:
+                    meeting.follow(run_dir, flat_config(cfg))
+                meeting.arrive()
             scratch = run_dir / AGENT_DIR / node_name(rdzv)
-            return run_torchrun(
-                run_dir, plan.command, plan.env, first_node=self.first_node, scratch=scratch
-            )
+            try:
+                code = run_torchrun(
+                    run_dir, plan.command, plan.env, first_node=self.first_node, scratch=scratch
+                )
+            except RendezvousError as exc:
+                raise RendezvousFailed(rendezvous_lost(rdzv, exc, self.first_node)) from None
+            if code not in (0, STOPPED_RESUMABLE) and not self.first_node and host_gone(meeting):
+                # the ranks failed because node 0 went away: say that, not only their error
+                raise RendezvousFailed(rendezvous_lost(rdzv, ConnectionError(), hosts=False))
+        if code == 0 and not self.first_node:
+            log.info(f"{node_name(rdzv)}: done")
+        return code
+
+
+@contextmanager
+def stop_raises(rdzv: NodeRendezvous, hosts: bool) -> Iterator[None]:
+    """SIGTERM in the meeting: one line (and the seat given back), not a silent 143."""
+
+    from launcher.runners.meeting import StoppedInMeeting
+
+    again = (
+        "start the same command on every node again (this node held the rendezvous)."
+        if hosts
+        else "start the same command on this node again to rejoin."
+    )
+
+    def stop(signum: int, frame: object) -> None:
+        raise StoppedInMeeting(
+            f"stopped (SIGTERM) while waiting for the other nodes at {rdzv.endpoint} "
+            f"({rdzv.rdzv_id}); no training had started. Fix: {again}"
+        )
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def host_gone(meeting: Meeting) -> bool:
+    """Whether node 0's store no longer answers this node."""
+    from launcher.runners.meeting import FIRST_KEY
+
+    try:
+        meeting.store.check([FIRST_KEY])
+    except RuntimeError:
+        return True
+    return False
+
+
+def flat_config(cfg: RootConfig) -> dict[str, str]:
+    """The resolved config as key -> value (JSON), credentials redacted, less a node's own keys:
+    what every node of a job must agree on."""
+    plain = to_plain(cfg)
+    plain = redactor_for(plain).data(plain)
+    flat: dict[str, str] = {}
+
+    def walk(prefix: str, value: object) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                walk(f"{prefix}{key}.", inner)
+        else:
+            flat[prefix[:-1]] = json.dumps(value, sort_keys=True)
+
+    walk("", plain)
+    flat.pop("cluster.node_rank", None)
+    return flat
+
+
+def rendezvous_lost(rdzv: NodeRendezvous, exc: Exception, hosts: bool) -> str:
+    """torchrun's rendezvous error, in the launcher's words."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+    if isinstance(exc, RendezvousTimeoutError):
+        return (
+            f"cluster.rdzv_timeout: a node of the job at {rdzv.endpoint} ({rdzv.rdzv_id}) left "
+            f"and did not come back within {rdzv.timeout} s. Fix: see the other nodes' output, "
+            "then start the same command on every node again (it resumes from the last "
+            "checkpoint)."
+        )
+    if hosts:
+        return (
+            f"the rendezvous at {rdzv.endpoint} failed ({exc}). Fix: start the same command "
+            "on every node again (it resumes from the last checkpoint)."
+        )
+    return (
+        f"node 0 (the rendezvous host at {rdzv.endpoint}) is gone: this node lost its "
+        f"connection to it. Fix: see node 0's output, then start the same command on every node "
+        "again (it resumes from the last checkpoint)."
+    )

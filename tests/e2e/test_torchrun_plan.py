@@ -4,6 +4,7 @@ rendezvous value came from."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,34 @@ def test_a_nodes_own_rank_is_left_out_of_the_shared_command(tmp_path: Path) -> N
     assert lines[2] == shared + str(run_dir.resolve())
     assert lines[-1].split()[:2] == ["cluster.node_rank", "1"]
     assert lines[-1].endswith("cluster.node_rank")
+
+
+def test_the_cluster_local_warnings_fix_runs_as_printed(tmp_path: Path) -> None:
+    """Kubeflow's PET_* variables under cluster=local: the warning's Fix (cluster=torchrun with
+    the node count and the ranks in all) plans as printed."""
+    env = {
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "0",
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": "29400",
+        "PET_NPROC_PER_NODE": "2",
+    }
+    args = ["plan", "parallel.dp=2", "batch.micro_size=2", "batch.global_size=8"]
+    proc = run_launch(args, tmp_path / "local", env=env)
+    text = proc.stdout + proc.stderr
+    (fix,) = re.findall(r"run the same command on each with ([^(]+) \(docs", text)
+    assert fix.split() == ["cluster=torchrun", "parallel.nodes=2", "parallel.dp=4"], text
+    run_launch([*args, *fix.split()], tmp_path / "fixed", env=env)
+
+
+def test_a_nodes_own_rank_with_plus_plus_is_left_out_too(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_launch(["plan", "cluster=torchrun", *NODES, ENDPOINT, "++cluster.node_rank=1"], run_dir)
+    lines = (run_dir / "nodes.txt").read_text().splitlines()
+    assert "node_rank" not in lines[2], lines[2]
+
+
+def test_the_plans_command_quotes_a_run_directory_with_a_space(tmp_path: Path) -> None:
+    run_dir = tmp_path / "sp ace"
+    proc = run_launch(["plan", "cluster=torchrun", *NODES, ENDPOINT], run_dir)
+    assert f"'--log-dir={run_dir}/.torchelastic/" in proc.stdout, proc.stdout

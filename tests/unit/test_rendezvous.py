@@ -120,3 +120,13 @@ def test_bad_keys_are_refused_where_defined(cluster: dict, key: str) -> None:
     with pytest.raises(ConfigError) as info:
         torchrun(**cluster)
     assert info.value.keys == [key]
+
+
+def test_a_bare_ipv6_address_from_the_environment_is_bracketed() -> None:
+    env = {"PET_NNODES": "2", "PET_MASTER_ADDR": "::1", "PET_MASTER_PORT": "29511"}
+    cfg, rdzv = resolve_rendezvous(torchrun(), RUN, env)
+    assert (rdzv.host, rdzv.port, rdzv.endpoint) == ("::1", 29511, "[::1]:29511")
+    assert cfg.cluster.rdzv_endpoint == "[::1]:29511"
+    sky = {"SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_IPS": "fd00::7\nfd00::8"}
+    _, rdzv = resolve_rendezvous(torchrun(), RUN, sky)
+    assert rdzv.endpoint == "[fd00::7]:29500"

@@ -1,0 +1,125 @@
+"""cluster=torchrun: the seats of the meeting (launcher/runners/meeting.py), one per node.
+
+A node takes a free seat (`compare_set` on the store: two nodes never take the same one) and
+keeps it alive while it lives: a thread of its own adds one to the seat's beat every BEAT_S
+seconds. A node that leaves (kill -9, Ctrl-C, a lost machine) stops beating; a node that comes
+later and finds every seat taken watches the beats for STALE_S seconds and takes the seat of a
+node that is gone. So a node restarted by hand or by its engine rejoins its job, and a node
+beyond the job's nodes, while they all live, is refused. A node that stops in the meeting gives
+its seat back at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from datetime import timedelta
+
+import psutil
+from torch.distributed import TCPStore
+
+PREFIX = "launcher/nodes/"
+BEAT_S = 0.5
+STALE_S = 3.0
+"""A seat whose beat has not moved for this long belongs to a node that is gone."""
+
+
+def seat_key(seat: int) -> str:
+    return f"{PREFIX}seat{seat}"
+
+
+def beat_key(seat: int) -> str:
+    return f"{PREFIX}beat{seat}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def is_this_machine(host: str) -> bool:
+    """Whether `host` names an address of this machine (loopback included)."""
+    try:
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    mine = {
+        str(address.address).split("%")[0]
+        for nic in psutil.net_if_addrs().values()
+        for address in nic
+        if address.family in (socket.AF_INET, socket.AF_INET6)
+    }
+    return bool(addresses & mine) or any(a.startswith("127.") or a == "::1" for a in addresses)
+
+
+def describe_node() -> dict[str, object]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+class Seats:
+    """The seats 1..`count` at the meeting on `store` (each node's own client)."""
+
+    def __init__(self, store: TCPStore, count: int) -> None:
+        self.store, self.count = store, count
+
+    def taken(self) -> dict[int, dict[str, object]]:
+        """seat -> the node in it."""
+        keys = [seat_key(i) for i in range(1, self.count + 1)]
+        found: dict[int, dict[str, object]] = {}
+        for i, key in enumerate(keys, start=1):
+            if self.store.check([key]):
+                found[i] = json.loads(self.store.get(key))
+        return found
+
+    def take(self, me: dict[str, object], waiting: Callable[[], None]) -> int | None:
+        """A seat for this node: a free one, else one whose node is gone (watched STALE_S);
+        None when every seat's node lives. `waiting` is called while watching."""
+        mine = json.dumps(me)
+        for i in range(1, self.count + 1):
+            if self.store.compare_set(seat_key(i), "", mine).decode() == mine:
+                return i
+        before = {i: self.store.add(beat_key(i), 0) for i in range(1, self.count + 1)}
+        until = time.monotonic() + STALE_S
+        while time.monotonic() < until:
+            waiting()
+            time.sleep(0.1)
+        for i in range(1, self.count + 1):
+            if self.store.add(beat_key(i), 0) != before[i]:
+                continue  # its node lives
+            held = self.store.get(seat_key(i)).decode()
+            if self.store.compare_set(seat_key(i), held, mine).decode() == mine:
+                return i
+        return None
+
+    def give_back(self, seat: int) -> None:
+        with suppress(RuntimeError):  # node 0 is gone: so is the seat
+            self.store.delete_key(seat_key(seat))
+
+
+class Beat:
+    """A thread beating for this node's seat, on its own connection, until stopped."""
+
+    def __init__(self, host: str, port: int, seat: int) -> None:
+        self.host, self.port, self.seat = host, port, seat
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="launcher-seat-beat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            store = TCPStore(
+                self.host, self.port, is_master=False, timeout=timedelta(seconds=STALE_S)
+            )
+            while not self._stop.wait(BEAT_S):
+                store.add(beat_key(self.seat), 1)
+        except RuntimeError:
+            return  # node 0 is gone: the agent says so
+
+    def stop(self) -> None:
+        self._stop.set()
