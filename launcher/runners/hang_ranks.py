@@ -13,6 +13,8 @@ from typing import Any
 
 import psutil
 
+from launcher.rundir import heartbeat_files
+
 DUMP_WAIT_S = 3.0
 """How long the ranks get to write their stacks after SIGUSR2."""
 
@@ -92,3 +94,23 @@ def report_text(line: str, ranks: list[Rank], blamed: list[Rank], stacks: dict[i
             out.append(f"(no stack written within {DUMP_WAIT_S:g} s of SIGUSR2)")
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def attempt_started(live: list[Rank]) -> float:
+    """When this attempt's ranks started: exits recorded before are an earlier attempt's."""
+    times = []
+    for r in live:
+        with suppress(psutil.Error):
+            times.append(r.proc.create_time())
+    return min(times, default=time.time())
+
+
+def attempt_beats(run_dir: Path, live: list[Rank], phase: str) -> list[dict[str, Any]]:
+    """This attempt's progress records in `phase`, any node's (the run directory is shared)."""
+    since = attempt_started(live)
+    beats = (read_beat(path) for path in heartbeat_files(run_dir))
+    return [
+        b
+        for b in beats
+        if b is not None and b.get("phase") == phase and float(b.get("time", 0)) >= since
+    ]

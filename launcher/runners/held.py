@@ -35,7 +35,7 @@ from launcher.checkpoint.files import find_checkpoints
 from launcher.exit_codes import COMPLETE_HELD
 from launcher.logs import get_logger
 from launcher.rundir import SUMMARY_FILE, heartbeat_file, heartbeat_files
-from launcher.runners.hang_ranks import Rank, rank_of, read_beat
+from launcher.runners.hang_ranks import Rank, attempt_beats, rank_of, read_beat
 from launcher.tracking.run_end import last_logged_step, write_hung_summary
 from launcher.userpath.own import replace_own
 from launcher.worker.heartbeat import EXIT_PHASE
@@ -108,32 +108,15 @@ class Held(Work):
     after: str = "exited cleanly"
 
 
-def attempt_started(live: list[Rank]) -> float:
-    """When this attempt's ranks started: exits recorded before are an earlier attempt's."""
-    times = []
-    for r in live:
-        with suppress(psutil.Error):
-            times.append(r.proc.create_time())
-    return min(times, default=time.time())
-
-
 def clean_exits(run_dir: Path, live: list[Rank]) -> list[dict[str, Any]]:
-    """This attempt's ranks that exited with status 0 (any node's: the run directory is shared);
-    a record of a process still running (it hangs in its interpreter's exit) does not count."""
+    """This attempt's ranks that exited with status 0; a record of a process still running (it
+    hangs in its interpreter's exit) does not count."""
     running = {(r.beat.get("host"), r.proc.pid) for r in live}
-    since = attempt_started(live)
-    found = []
-    for path in heartbeat_files(run_dir):
-        beat = read_beat(path)
-        if (
-            beat is not None
-            and beat.get("phase") == EXIT_PHASE
-            and beat.get("status") == 0
-            and float(beat.get("time", 0)) >= since
-            and (beat.get("host"), beat.get("pid")) not in running
-        ):
-            found.append(beat)
-    return found
+    return [
+        b
+        for b in attempt_beats(run_dir, live, EXIT_PHASE)
+        if b.get("status") == 0 and (b.get("host"), b.get("pid")) not in running
+    ]
 
 
 def deadline(rank: Rank, exited_at: float) -> float:

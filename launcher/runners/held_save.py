@@ -16,26 +16,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from launcher.rundir import heartbeat_files
-from launcher.runners.hang_ranks import Rank, read_beat
-from launcher.runners.held import Held, attempt_started, deadline, work_of
+from launcher.runners.hang_ranks import Rank, attempt_beats
+from launcher.runners.held import Held, deadline, work_of
 from launcher.worker.heartbeat import FINAL_SAVE, SAVE_WRITTEN
 
 
 def parts_written(run_dir: Path, live: list[Rank]) -> list[dict[str, Any]]:
     """This attempt's records (any node's) of ranks that have done their part of the final
     save and wait for the others."""
-    since = attempt_started(live)
-    found = []
-    for path in heartbeat_files(run_dir):
-        beat = read_beat(path)
-        if (
-            beat is not None
-            and beat.get("phase") == SAVE_WRITTEN
-            and float(beat.get("time", 0)) >= since
-        ):
-            found.append(beat)
-    return found
+    return attempt_beats(run_dir, live, SAVE_WRITTEN)
 
 
 def held_in_save(run_dir: Path, live: list[Rank], now: float) -> Held | None:

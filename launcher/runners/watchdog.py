@@ -37,8 +37,15 @@ import psutil
 from launcher.events import blamed_hang, read_events, record_event
 from launcher.logs import get_logger
 from launcher.rundir import HANG_REPORT_FILE, heartbeat_file, stacks_file
-from launcher.runners.hang_ranks import DUMP_WAIT_S, Rank, rank_of, read_beat, report_text
-from launcher.runners.held import Held, attempt_started, held_line, held_ranks
+from launcher.runners.hang_ranks import (
+    DUMP_WAIT_S,
+    Rank,
+    attempt_started,
+    rank_of,
+    read_beat,
+    report_text,
+)
+from launcher.runners.held import Held, held_line, held_ranks
 from launcher.runners.held_save import held_in_save
 from launcher.runners.signals import worker_processes
 from launcher.userpath.own import open_own
