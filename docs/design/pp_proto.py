@@ -1,4 +1,4 @@
-"""Standalone prototype for issue 45 (pipeline parallelism, token-exact loss) on torch 2.13 CPU/gloo.
+"""Standalone prototype for issue 45 (pipeline parallelism, token-exact loss), torch 2.13 CPU/gloo.
 
 Run:  torchrun --standalone --nproc_per_node 2 pp_proto.py            (pp=2)
       PP_DP=2 torchrun --standalone --nproc_per_node 4 pp_proto.py    (pp=2 x dp=2, FSDP2 per stage)
@@ -43,7 +43,7 @@ DTYPE = torch.float64 if os.environ.get("PP_DTYPE", "fp64") == "fp64" else torch
 EVAL_AFTER = 1 if os.environ.get("PP_EVAL", "1") == "1" else -1  # eval() between steps 1 and 2
 FSDP_AVG = os.environ.get("PP_FSDP_AVG") == "1"  # FSDP2 default divide (mean over dp)
 STATIC = os.environ.get("PP_STATIC") == "1"  # give input_args/output_args: no shape inference
-TOL = 1e-6 if DTYPE == torch.float64 else 1e-5
+TOL = 1e-6 if torch.float64 == DTYPE else 1e-5
 
 
 # ----------------------------------------------------------------------------- the model
@@ -145,7 +145,9 @@ def reference() -> dict:
         if step == EVAL_AFTER:
             ids, tgt = global_batch(100)
             with torch.no_grad():
-                total = F.cross_entropy(model(ids).reshape(-1, VOCAB), tgt.reshape(-1), reduction="sum")
+                total = F.cross_entropy(
+                    model(ids).reshape(-1, VOCAB), tgt.reshape(-1), reduction="sum"
+                )
             out["eval"] = (total / (tgt != -100).sum()).item()
     out["params"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return out
@@ -218,7 +220,7 @@ class SavedMeter:
 
 
 class _Handle:
-    __slots__ = ("t", "__weakref__")
+    __slots__ = ("__weakref__", "t")
 
     def __init__(self, t: torch.Tensor) -> None:
         self.t = t
@@ -251,7 +253,9 @@ def run_pipeline(schedule: str, mode: str = "exact", scale_grads: bool = False, 
         mod = stage_module(whole, s, n_stages)
         if DP > 1:  # FSDP2 over dp on each block and on the stage root (the stage's submod)
             keep = os.environ.get("PP_RESHARD", "1") == "1"  # torchtitan's pp default: False
-            blocks = list(mod.layers.values()) if os.environ.get("PP_FSDP_BLOCKS", "1") == "1" else []
+            blocks = (
+                list(mod.layers.values()) if os.environ.get("PP_FSDP_BLOCKS", "1") == "1" else []
+            )
             for block in blocks:
                 fully_shard(block, mesh=MESH["dp"], reshard_after_forward=keep)
             fully_shard(mod, mesh=MESH["dp"], reshard_after_forward=keep)
@@ -272,7 +276,9 @@ def run_pipeline(schedule: str, mode: str = "exact", scale_grads: bool = False, 
                 input_args=torch.zeros(MICRO, SEQ, dtype=torch.long) if first else act,
                 output_args=torch.zeros(MICRO, SEQ, VOCAB, requires_grad=True) if last else act,
             )
-        stages.append(PipelineStage(mod, s, n_stages, torch.device("cpu"), group=PP_GROUP, **static))
+        stages.append(
+            PipelineStage(mod, s, n_stages, torch.device("cpu"), group=PP_GROUP, **static)
+        )
     # FSDP2 with divide factor 1 and SUM reductions (launcher/engines/fsdp.py): grad_divisor 1;
     # FSDP2's default (average over dp): grad_divisor = dp
     grad_divisor = float(DP) if FSDP_AVG and DP > 1 else 1.0
@@ -299,7 +305,10 @@ def run_pipeline(schedule: str, mode: str = "exact", scale_grads: bool = False, 
     rows = GA * MICRO
     for step in range(STEPS):
         ids, tgt = global_batch(step)
-        ids, tgt = ids[dp_rank * rows : (dp_rank + 1) * rows], tgt[dp_rank * rows : (dp_rank + 1) * rows]
+        ids, tgt = (
+            ids[dp_rank * rows : (dp_rank + 1) * rows],
+            tgt[dp_rank * rows : (dp_rank + 1) * rows],
+        )
         # the count first: this dp rank's micro-batches summed, all-reduced over dp (a pp group
         # counts once: every pp rank holds the same targets here, only the last stage uses it)
         count = (tgt != -100).sum().to(DTYPE)
@@ -326,8 +335,12 @@ def run_pipeline(schedule: str, mode: str = "exact", scale_grads: bool = False, 
         dist.all_reduce(sq)  # disjoint pieces on every rank: world = pp x dp shards
         if step == 0:
             grads0 = {
-                k: (v.grad.full_tensor() if isinstance(v.grad, DTensor) else v.grad).detach().clone()
-                for m in modules for k, v in m.named_parameters() if v.grad is not None
+                k: (v.grad.full_tensor() if isinstance(v.grad, DTensor) else v.grad)
+                .detach()
+                .clone()
+                for m in modules
+                for k, v in m.named_parameters()
+                if v.grad is not None
             }
         norm = sq.sqrt()
         coef = torch.clamp(MAX_NORM / (norm + 1e-6), max=1.0)
@@ -336,7 +349,11 @@ def run_pipeline(schedule: str, mode: str = "exact", scale_grads: bool = False, 
                 (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).mul_(coef.to(DTYPE))
         opt.step()
         # logged loss: last-stage ranks hold their dp share x grad_divisor; one all-reduce
-        mine = torch.stack([x.detach() for x in losses]).sum().double() / grad_divisor if has_last else torch.zeros((), dtype=torch.float64)
+        mine = (
+            torch.stack([x.detach() for x in losses]).sum().double() / grad_divisor
+            if has_last
+            else torch.zeros((), dtype=torch.float64)
+        )
         dist.all_reduce(mine)
         out["loss"].append(mine.item())
         out["norm"].append(norm.item())
@@ -345,7 +362,10 @@ def run_pipeline(schedule: str, mode: str = "exact", scale_grads: bool = False, 
         out["n_losses"].append(len(losses))
         if step == EVAL_AFTER:
             ids, tgt = global_batch(100)
-            ids, tgt = ids[dp_rank * rows : (dp_rank + 1) * rows], tgt[dp_rank * rows : (dp_rank + 1) * rows]
+            ids, tgt = (
+                ids[dp_rank * rows : (dp_rank + 1) * rows],
+                tgt[dp_rank * rows : (dp_rank + 1) * rows],
+            )
             ecount = (tgt != -100).sum().to(DTYPE)
             dist.all_reduce(ecount, group=DP_GROUP)
             before, elosses = calls[0], []
@@ -357,14 +377,18 @@ def run_pipeline(schedule: str, mode: str = "exact", scale_grads: bool = False, 
                     loss_kwargs={"scale": grad_divisor / ecount.clamp(min=1)},
                     return_outputs=False,
                 )
-            mine = torch.stack(elosses).sum().double() / grad_divisor if has_last else torch.zeros((), dtype=torch.float64)
+            mine = (
+                torch.stack(elosses).sum().double() / grad_divisor
+                if has_last
+                else torch.zeros((), dtype=torch.float64)
+            )
             dist.all_reduce(mine)
             out["eval"] = mine.item()
             out["eval_calls"] = calls[0] - before
         if meter and step == STEPS - 1:
             out["mem"] = {
                 st.stage_index: (m.peak, m.per_forward, round(m.peak / max(m.per_forward[0], 1), 3))
-                for st, m in zip(stages, meters)
+                for st, m in zip(stages, meters, strict=False)
             }
     # final parameters by name (full tensors), gathered to rank 0
     named = {}
@@ -376,7 +400,13 @@ def run_pipeline(schedule: str, mode: str = "exact", scale_grads: bool = False, 
     # per-rank facts (calls/n_losses/mem) to rank 0
     facts = [None] * dist.get_world_size() if RANK == 0 else None
     dist.gather_object(
-        {"calls": out["calls"], "n_losses": out["n_losses"], "eval_calls": out.get("eval_calls"), "mem": out["mem"], "stages": ids_stages},
+        {
+            "calls": out["calls"],
+            "n_losses": out["n_losses"],
+            "eval_calls": out.get("eval_calls"),
+            "mem": out["mem"],
+            "stages": ids_stages,
+        },
         facts,
         dst=0,
     )
@@ -395,27 +425,56 @@ def rel(a: float, b: float) -> float:
 
 
 def compare(name: str, got: dict, ref: dict, expect_equal: bool = True) -> bool:
-    lrel = max(rel(a, b) for a, b in zip(got["loss"], ref["loss"]))
-    nrel = max(rel(a, b) for a, b in zip(got["norm"], ref["norm"]))
+    lrel = max(rel(a, b) for a, b in zip(got["loss"], ref["loss"], strict=False))
+    nrel = max(rel(a, b) for a, b in zip(got["norm"], ref["norm"], strict=False))
     keys_ok = set(got["params"]) == set(ref["params"])
-    pdiff = max((got["params"][k] - ref["params"][k]).abs().max().item() for k in ref["params"]) if keys_ok else float("nan")
+    pdiff = (
+        max((got["params"][k] - ref["params"][k]).abs().max().item() for k in ref["params"])
+        if keys_ok
+        else float("nan")
+    )
     erel = rel(got["eval"], ref["eval"]) if "eval" in ref else 0.0
-    ok = lrel < TOL and nrel < TOL and erel < TOL and keys_ok and pdiff < 1e3 * TOL and got["tokens"] == ref["tokens"]
-    verdict = ("PASS" if ok else "FAIL") if expect_equal else ("differs (good)" if not ok else "EQUAL?! (bad control)")
-    print(f"[{name}] loss max rel {lrel:.2e}  grad_norm max rel {nrel:.2e}  param keys match={keys_ok} "
-          f"max |dparam| {pdiff:.2e}  eval rel {erel:.1e}  tokens {got['tokens']}  -> {verdict}")
+    ok = (
+        lrel < TOL
+        and nrel < TOL
+        and erel < TOL
+        and keys_ok
+        and pdiff < 1e3 * TOL
+        and got["tokens"] == ref["tokens"]
+    )
+    verdict = (
+        ("PASS" if ok else "FAIL")
+        if expect_equal
+        else ("differs (good)" if not ok else "EQUAL?! (bad control)")
+    )
+    print(
+        f"[{name}] loss max rel {lrel:.2e}  grad_norm max rel {nrel:.2e}  "
+        f"param keys match={keys_ok} "
+        f"max |dparam| {pdiff:.2e}  eval rel {erel:.1e}  tokens {got['tokens']}  -> {verdict}"
+    )
     if expect_equal and not ok and keys_ok:
-        bad = sorted(k for k in ref["params"] if (got["params"][k] - ref["params"][k]).abs().max() > 1e3 * TOL)
-        ratio = {k: round((got["grads0"][k].norm() / ref["grads0"][k].norm()).item(), 4)
-                 for k in ref["grads0"] if k in got["grads0"]}
+        ratio = {
+            k: round((got["grads0"][k].norm() / ref["grads0"][k].norm()).item(), 4)
+            for k in ref["grads0"]
+            if k in got["grads0"]
+        }
         wrong = {k: r for k, r in ratio.items() if abs(r - 1) > 1e-6}
-        print(f"    step-1 gradient norm ratio pipeline/reference, wrong ones ({len(wrong)}/{len(ratio)}): {wrong}")
-        print(f"    step-1 parameters with no gradient at all: {sorted(set(ref['grads0']) - set(got['grads0']))}")
-    print(f"    loss  {['%.10f' % x for x in got['loss']]}")
-    print(f"    norm  {['%.10f' % x for x in got['norm']]}")
+        print(
+            "    step-1 gradient norm ratio pipeline/reference, wrong ones "
+            f"({len(wrong)}/{len(ratio)}): {wrong}"
+        )
+        print(
+            "    step-1 parameters with no gradient at all: "
+            f"{sorted(set(ref['grads0']) - set(got['grads0']))}"
+        )
+    print(f"    loss  {[f'{x:.10f}' for x in got['loss']]}")
+    print(f"    norm  {[f'{x:.10f}' for x in got['norm']]}")
     for r, f in enumerate(got["facts"]):
         extra = f"  saved-activation peak/per-mb per stage {f['mem']}" if f["mem"] else ""
-        print(f"    rank {r} stages {f['stages']}: loss_fn calls per step {f['calls']}, len(losses) {f['n_losses']}, eval calls {f['eval_calls']}{extra}")
+        print(
+            f"    rank {r} stages {f['stages']}: loss_fn calls per step {f['calls']}, "
+            f"len(losses) {f['n_losses']}, eval calls {f['eval_calls']}{extra}"
+        )
     return ok == expect_equal
 
 
@@ -432,10 +491,20 @@ def main() -> None:
     PP_GROUP, DP_GROUP = MESH["pp"].get_group(), MESH["dp"].get_group()
     ref = reference() if RANK == 0 else None
     if RANK == 0:
-        print(f"torch {torch.__version__}  world {dist.get_world_size()} = pp {PP} x dp {DP}  dtype {DTYPE}  "
-              f"grad_accum {GA} micro {MICRO} tol {TOL}")
-        print(f"[reference] eval after step {EVAL_AFTER}: {ref.get('eval', float('nan')):.10f}  static={STATIC} reshard_after_forward={os.environ.get('PP_RESHARD', '1') == '1'}")
-        print(f"[reference] loss {['%.10f' % x for x in ref['loss']]}\n            norm {['%.10f' % x for x in ref['norm']]}  tokens {ref['tokens']}")
+        print(
+            f"torch {torch.__version__}  world {dist.get_world_size()} = pp {PP} x dp {DP}  "
+            f"dtype {DTYPE}  "
+            f"grad_accum {GA} micro {MICRO} tol {TOL}"
+        )
+        print(
+            f"[reference] eval after step {EVAL_AFTER}: {ref.get('eval', float('nan')):.10f}  "
+            f"static={STATIC} "
+            f"reshard_after_forward={os.environ.get('PP_RESHARD', '1') == '1'}"
+        )
+        print(
+            f"[reference] loss {[f'{x:.10f}' for x in ref['loss']]}\n"
+            f"            norm {[f'{x:.10f}' for x in ref['norm']]}  tokens {ref['tokens']}"
+        )
     names = os.environ.get("PP_SCHEDULES", "gpipe,1f1b,interleaved_1f1b").split(",")
     all_ok = True
     for name in names:
@@ -443,7 +512,7 @@ def main() -> None:
             got = run_pipeline(name, meter=os.environ.get("PP_MEMORY") == "1")
             if RANK == 0:
                 all_ok &= compare(name, got, ref)
-        except Exception as e:  # noqa: BLE001 - report and go on to the next schedule
+        except Exception as e:
             all_ok = False
             print(f"[{name}] rank {RANK} ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
             raise
