@@ -87,6 +87,19 @@ def both_finish(nodes: list[BackgroundLaunch]) -> list[int]:
     return [node.wait(NODE_WAIT_S) for node in nodes]
 
 
+def three_nodes(port: int) -> list[str]:
+    """Three one-rank nodes meeting at 127.0.0.1:port."""
+    return [
+        "parallel.dp=3",
+        "batch.global_size=12",
+        "batch.micro_size=4",
+        "parallel.nodes=3",
+        "cluster=torchrun",
+        f"cluster.rdzv_endpoint=127.0.0.1:{port}",
+        "cluster.rdzv_timeout=60",
+    ]
+
+
 def test_pet_variables_do_not_make_a_local_run_wait(tmp_path: Path) -> None:
     """torchrun reads PET_NNODES=2 as --nnodes=2 unless told otherwise: the run would wait for a
     second node for ever. It trains here, and the warning names the variables and the fix."""
@@ -255,16 +268,7 @@ def test_a_node_killed_mid_run_and_started_again_rejoins_the_job(tmp_path: Path)
 
 def test_node_0_gone_while_a_node_waits_in_the_meeting_is_one_error(tmp_path: Path) -> None:
     run_dir, port = tmp_path / "run", free_port()
-    args = [
-        *COMMON,
-        "parallel.dp=3",
-        "batch.global_size=12",
-        "batch.micro_size=4",
-        "parallel.nodes=3",
-        "cluster=torchrun",
-        f"cluster.rdzv_endpoint=127.0.0.1:{port}",
-        "cluster.rdzv_timeout=60",
-    ]
+    args = [*COMMON, *three_nodes(port)]
     nodes = [start_node([*args, f"cluster.node_rank={i}"], run_dir, f"n{i}", {}) for i in (0, 1)]
     wait_for_seats(port, 2, nodes)
     nodes[0].proc.kill()
@@ -365,17 +369,7 @@ def test_a_node_stopped_in_the_meeting_and_started_again_leaves_room_for_the_las
     """Three nodes: A and B wait, B is stopped (Ctrl-C) and started again, then C comes: all
     three train (B's first seat was given back)."""
     run_dir, port = tmp_path / "run", free_port()
-    args = [
-        *COMMON,
-        "train.steps=2",
-        "parallel.dp=3",
-        "batch.global_size=12",
-        "batch.micro_size=4",
-        "parallel.nodes=3",
-        "cluster=torchrun",
-        f"cluster.rdzv_endpoint=127.0.0.1:{port}",
-        "cluster.rdzv_timeout=60",
-    ]
+    args = [*COMMON, "train.steps=2", *three_nodes(port)]
     a = start_node(args, run_dir, "a", {})
     wait_for_seats(port, 1, [a])
     b = start_node(args, run_dir, "b", {})
