@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export WANDB_MODE=offline WANDB_SILENT=true
+# Python's byte-code cache on: each of the suite's hundreds of rank and `launch` starts otherwise
+# compiles the launcher's modules from source again (about 0.2 CPU-seconds a start, measured),
+# where an environment sets PYTHONDONTWRITEBYTECODE (some CI images do).
+unset PYTHONDONTWRITEBYTECODE
 # DeepSpeed JIT-builds its CPU shared-memory op on the first multi-rank run (half a minute or
 # more, single-threaded). Built here, beside the lint, the suite's first DeepSpeed test does not
 # wait for it; into the directory tests/conftest.py names. A failed build is only a slower suite
@@ -22,12 +26,13 @@ else
     echo "test.sh: DeepSpeed's CPU op did not build here; the tests build it (log: $op_log)" >&2
 fi
 [ "$status" = 0 ] || exit 1
-# pytest-xdist: one worker more than the cores (one test's wait is another's turn), each test
-# holding core tokens for the processes it keeps busy (tests/cores.py). --dist loadscope keeps a
-# module's tests and its module fixtures on one worker; --no-loadscope-reorder keeps the heavy
-# end-to-end modules first and the quick unit tests to fill the end. --max-worker-restart=0: a
-# worker that dies fails the run at once (xdist 3.8's loadscope hangs when it replaces one; tried).
+# pytest-xdist: two workers per core (one test's wait is another's turn), each test holding core
+# tokens for the processes it keeps busy (tests/cores.py: three per core). --dist loadscope keeps a
+# module's tests and its module fixtures on one worker; --no-loadscope-reorder hands modules out in
+# tests/schedule.py's order (the SLURM modules' waits among the end-to-end modules, the quick unit
+# tests to fill the end). --max-worker-restart=0: a worker that dies fails the run at once (xdist
+# 3.8's loadscope hangs when it replaces one; tried).
 # The slowest tests are listed at the end: where the suite's time goes, in every CI log.
-workers=$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)) + 1)')
+workers=$(.venv/bin/python -c 'import os; print(2 * len(os.sched_getaffinity(0)))')
 .venv/bin/python -m pytest -n "$workers" --dist loadscope --no-loadscope-reorder \
     --max-worker-restart=0 --durations=25 "$@"

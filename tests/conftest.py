@@ -27,6 +27,9 @@ os.environ.setdefault("LAUNCHER_CACHE_DIR", tempfile.mkdtemp(prefix="launcher-te
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests.schedule import reorder
+
+    items[:] = reorder(items, lambda item: item.nodeid.split("::")[0])
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (none visible)")
