@@ -1,5 +1,5 @@
-"""ddp, fsdp and deepspeed (ZeRO 3 and ZeRO-Offload at stage 2) through `launch`: the same exact curves
-as one process.
+"""ddp, fsdp and deepspeed (ZeRO 3 and ZeRO-Offload at stage 2) through `launch`: the same exact
+curves as one process.
 
 The curve runs: fp32, dropout 0, 8 steps, global batch 8 = dp 2 x grad_accum 2 x micro 2, against
 one process running the whole global batch at once. Loss and gradient norm are both compared:
