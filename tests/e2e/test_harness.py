@@ -3,7 +3,7 @@ checkpoint through the launcher's weight reader and serving engine scores an FSD
 checkpoint (dp=2) as lm-eval's `hf` model scores the export of the same checkpoint (per-sample
 log-likelihoods within 1e-4, the same generations and scores); a run with eval.harness.every logs
 the scores at the right steps (metrics.jsonl, eval/step_N.json, tensorboard); a failing task
-leaves a failure record at each step and training ends normally. The tasks are
+leaves a failure record at its step and training ends normally. The tasks are
 tests/e2e/test_lm_eval.py's (local jsonl, no network)."""
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ TRAIN = [
     "checkpoint.every=2",
     "checkpoint.keep=1",  # the pending evaluation keeps its checkpoint from the pruning
     "wandb.mode=disabled",
-    f"eval.harness.every={EVERY}",
     "eval.harness.log_samples=true",
 ]
 ENGINES = {"fsdp": ["engine=fsdp"], "zero3": ["engine=deepspeed", "engine.zero_stage=3"]}
@@ -53,7 +52,7 @@ def _write_broken(root: Path) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """FSDP2 evaluating its checkpoints while it trains (tensorboard too); ZeRO-3 with a task
-    that fails, then `launch eval` on its last checkpoint with the good tasks."""
+    that fails at its last step, then `launch eval` on that checkpoint with the good tasks."""
     root = tmp_path_factory.mktemp("harness")
     tasks = _write_tasks(root)
     _write_broken(root)
@@ -66,12 +65,24 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         [
             *common,
             *ENGINES["fsdp"],
+            f"eval.harness.every={EVERY}",
             f"eval.harness.tasks=[{MC},{GEN}]",
             "tracking.backends=[tensorboard]",
         ],
         fsdp,
     )
-    run_launch([*common, *ENGINES["zero3"], f"eval.harness.tasks=[{MC},{BROKEN}]"], zero3)
+    # The last step's checkpoint only (issue 43): each evaluation is a `launch eval` process of
+    # its own (torch, transformers and lm-eval imported: the dearest thing this module starts),
+    # and the FSDP2 run shows every chosen step evaluated; this one shows a failure recorded.
+    run_launch(
+        [
+            *common,
+            *ENGINES["zero3"],
+            f"eval.harness.every={STEPS}",
+            f"eval.harness.tasks=[{MC},{BROKEN}]",
+        ],
+        zero3,
+    )
     for run in (fsdp, zero3):
         run_launch(["export", str(run)])
     return {"fsdp": fsdp, "zero3": zero3, "tasks": tasks}
@@ -104,7 +115,7 @@ def test_a_failing_task_is_recorded_and_training_goes_on(runs: dict[str, Path]) 
     assert json.loads((run / "summary.json").read_text())["steps"] == STEPS
     lines = _harness_lines(run)
     failed = [m for m in lines if "harness_error" in m]
-    assert sorted(m["step"] for m in failed) == [2, 4], lines  # they may end in any order
+    assert [m["step"] for m in failed] == [STEPS], lines
     assert all(BROKEN in m["harness_error"] or "missing" in m["harness_error"] for m in failed)
 
 

@@ -1,7 +1,6 @@
-"""adapter=lora through `launch` on the built-in GPT: the same exact curves for every split and
-engine (ddp, fsdp, ZeRO-3) as one process (on a tiny HF Llama too, under the sharding engines),
-checkpoints the adapter's size, a kill -9 resumed bitwise, and `launch plan` showing the plan
-beside a full fine-tune's.
+"""adapter=lora through `launch`: the same exact curves at dp=2 as one process, on the built-in GPT
+(ddp, ZeRO-3) and on a tiny HF Llama (FSDP2, ZeRO-3), checkpoints the adapter's size, a kill -9
+resumed bitwise, and `launch plan` showing the plan beside a full fine-tune's.
 
 fp32, dropout 0, 6 steps, global batch 8 = dp 2 x grad_accum 2 x micro 2 against one process
 running the whole global batch at once (tests/e2e/test_engines.py's shape)."""
@@ -60,28 +59,17 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-@pytest.fixture(scope="module")
-def split_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """dp=2 runs by engine, made by the test that needs one first."""
-    return {}
+# The built-in GPT under DDP and ZeRO-3 (issue 43): its FSDP2 row proved again what the Llama's
+# FSDP2 row below proves (peft's adapters on any module; FSDP2 sharding blocks whose frozen base
+# and trained adapters share them), for 2 ranks. ZeRO-3 stays: the GPT's frozen embedding is tied
+# to its head (the Llama's is not), which ZeRO-3's saved state keeps under one name only.
+GPT_ENGINES = ["ddp", "deepspeed_zero3"]
 
 
-def split_run(name: str, runs: dict[str, Path], root: Path) -> Path:
-    if name not in runs:
-        run_dir = root / name
-        run_launch([*CURVE, *SPLIT, *ENGINES[name]], run_dir, env=ENV, in_process=True)
-        runs[name] = run_dir
-    return runs[name]
-
-
-@pytest.mark.parametrize("name", list(ENGINES))
-def test_split_matches_one_process(
-    name: str,
-    reference: Path,
-    split_runs: dict[str, Path],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
-    run_dir = split_run(name, split_runs, tmp_path_factory.mktemp(name))
+@pytest.mark.parametrize("name", GPT_ENGINES)
+def test_split_matches_one_process(name: str, reference: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_launch([*CURVE, *SPLIT, *ENGINES[name]], run_dir, env=ENV, in_process=True)
     ours, theirs = read_metrics(run_dir), read_metrics(reference)
     for key in ("loss", "grad_norm", "lr"):
         a, b = [m[key] for m in ours], [m[key] for m in theirs]
@@ -117,7 +105,8 @@ def llama_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # The sharding engines: DDP wraps a peft model as it wraps any module (the built-in GPT's ddp
-# row above), FSDP2 and ZeRO-3 shard a model whose frozen base and trained adapters share blocks.
+# row above), FSDP2 and ZeRO-3 shard a model whose frozen base and trained adapters share blocks
+# (the only rows of each with adapters through `launch`).
 LLAMA_ENGINES = ["fsdp", "deepspeed_zero3"]
 
 
@@ -155,12 +144,14 @@ def test_checkpoint_is_the_adapters_size(reference: Path, tmp_path: Path) -> Non
     assert ratio < 0.1, ratio
 
 
-def test_kill_9_resumes_bitwise(
-    split_runs: dict[str, Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    undisturbed = read_losses(split_run("ddp", split_runs, tmp_path_factory.mktemp("ddp")))
+def test_kill_9_resumes_bitwise(reference: Path, tmp_path: Path) -> None:
+    """One rank (issue 43: 2 rank starts, not 4): what is resumed bitwise is the adapters' and
+    their optimizer's state, whatever the ranks; kill -9 of a dp=2 `launch` (torchrun's agent
+    and its ranks) is tests/e2e/test_faults.py's. The undisturbed curve is the reference's, the
+    same configuration; both are subprocesses, so the same threads compute them."""
     run_dir = tmp_path / "run"
-    args = [*CURVE, *SPLIT, "checkpoint.every=2", "wandb.mode=disabled"]
+    args = [*CURVE, "parallel.dp=1", "batch.grad_accum=1", "checkpoint.every=2"]
+    args += ["wandb.mode=disabled"]
     env = {"WANDB_MODE": "disabled", **ENV}
     launch = BackgroundLaunch(
         [*args, "debug.step_sleep_s=0.3"], run_dir, tmp_path / "run.log", env, own_session=True
@@ -168,14 +159,14 @@ def test_kill_9_resumes_bitwise(
     try:
         launch.wait_for_step(3)
     finally:
-        os.killpg(launch.proc.pid, signal.SIGKILL)  # launch, torchrun's agent and both ranks
+        os.killpg(launch.proc.pid, signal.SIGKILL)  # launch, which is the rank here
         launch.wait()
-    proc = run_launch(args, run_dir, env=ENV)
-    # Step 2's checkpoint was complete when step 3 was logged; on a busy machine the ranks may
+    proc = run_launch(args, run_dir, env=ENV, in_process=False)
+    # Step 2's checkpoint was complete when step 3 was logged; on a busy machine the rank may
     # save step 4's before the signal lands (CI did), so either is a correct place to resume.
     resumed = re.search(r"resuming from \S+ after step (\d+)", proc.stdout)
     assert resumed and int(resumed[1]) in (2, 4), proc.stdout
-    assert last_per_step(run_dir) == undisturbed  # bitwise
+    assert last_per_step(run_dir) == read_losses(reference)  # bitwise
 
 
 def test_memory_plan_knows_the_base_is_frozen(reference: Path, tmp_path: Path) -> None:

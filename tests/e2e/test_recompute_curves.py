@@ -1,6 +1,10 @@
-"""Through the `launch` command at dp=2 (DDP, torchrun, gloo): every activation-checkpoint
-granularity trains the same loss curve as no recompute, with dropout on, and reports its
-measured activation figures in summary.json."""
+"""Through the `launch` command: every activation-checkpoint granularity trains the same loss curve
+as no recompute, with dropout on, and reports its measured activation figures in summary.json.
+
+One rank, in the test process (issue 43): what this shows, `ac=` reaching the model and recompute
+redrawing dropout's masks, does not depend on the ranks. Every granularity meets dp=2 under every
+engine in tests/multiproc/test_user_model_curves.py's grid; a dp=2 launch here cost about 8
+CPU-seconds a row (two rank start-ups), a one-rank run in this process about 1.5."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ MODEL = [
     "model.n_layer=4",
     "model.dropout=0.1",
 ]
-RUN = [*MODEL, "train.steps=8", "parallel.dp=2", "batch.global_size=8", "batch.micro_size=2"]
+RUN = [*MODEL, "train.steps=8", "parallel.dp=1", "batch.global_size=8", "batch.micro_size=2"]
 GRANULARITIES = ["full", "every_n", "sqrt", "selective"]
 
 
@@ -45,7 +49,7 @@ def test_loss_curve_equals_no_recompute(curves: dict[str, Path], ac: str) -> Non
 def test_summary_reports_the_measured_activations(curves: dict[str, Path], ac: str) -> None:
     summary = read_summary(curves[ac])
     none = read_summary(curves["none"])
-    assert summary["ac"] == ac and summary["world_size"] == 2
+    assert summary["ac"] == ac and summary["world_size"] == 1
     assert 0 < summary["activation_bytes"] <= summary["activation_peak_bytes"]
     if ac == "none":
         assert summary["recompute_flops_ratio"] == 1.0

@@ -126,9 +126,11 @@ def test_sigterm_then_the_same_command_gives_the_undisturbed_losses(
     assert not (run_dir / "stopped.json").exists()
 
 
-@pytest.mark.parametrize(
-    ("engine", "signalled"), [("fsdp", "rank 1 alone, SIGUSR1"), ("deepspeed", "launch, SIGTERM")]
-)
+# DeepSpeed, stopped as a scheduler may stop a job: one rank signalled (SIGTERM to `launch` is the
+# stopped fixture's). Issue 43 left out an FSDP2 row (stop and resume at dp=2, 4 ranks started):
+# the stop marker and the resume do not depend on the engine, and an FSDP2 checkpoint resumes at
+# dp=2 with the undisturbed curve in tests/e2e/test_hsdp.py (written by HSDP, read by plain FSDP2).
+@pytest.mark.parametrize(("engine", "signalled"), [("deepspeed", "rank 1 alone, SIGUSR1")])
 def test_stop_and_resume_with_the_other_engines(
     engine: str, signalled: str, reference: Path, tmp_path: Path
 ) -> None:

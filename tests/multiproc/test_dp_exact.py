@@ -1,6 +1,9 @@
 """Two real gloo ranks: the token-exact loss across ranks and micro-batches, one gradient sync per
 step, one small all-reduce of the loop's own per step (token counts, stop flag and the previous
-step's loss together), and a step with no valid token skipped everywhere."""
+step's loss together), and a step with no valid token skipped everywhere.
+
+One spawned group does every test's work in turn (issue 43: one start of two ranks, not five),
+each a fresh Trainer on the same process group; the tests read what it wrote."""
 
 from __future__ import annotations
 
@@ -32,51 +35,65 @@ pytestmark = pytest.mark.multiproc
 WORLD = 2
 
 
-def _spawn(fn: Any, *args: Any) -> None:
-    mp.spawn(fn, args=(free_port(), *args), nprocs=WORLD, join=True)
+def _group(rank: int, port: int, out: str) -> None:
+    """Every test's work, in turn, in one 2-rank gloo group, then the group torn down.
 
-
-def _in_group(work: Any, rank: int, port: int, *args: Any) -> None:
-    """Run work(ctx, rank, *args) in a 2-rank gloo group, then tear the group down.
-
-    Everything work built (the DDP model above all) is released before the group is destroyed:
-    a DDP reducer that holds the last reference to a gloo group deadlocks in its destructor.
+    Everything a work built (the DDP model above all) is released before the next one and before
+    the group is destroyed: a DDP reducer that holds the last reference to a gloo group deadlocks
+    in its destructor. A work that raises ends the group (mp.spawn stops the other rank, so it
+    cannot wait alone in a collective); the tests of the works after it say they did not run.
     """
     ctx = join_group(rank, WORLD, port)
     try:
-        work(ctx, rank, *args)
+        for work, args in WORKS:
+            try:
+                work(ctx, rank, out, *args)
+            finally:
+                gc.collect()
     finally:
         gc.collect()
         dist.destroy_process_group()
 
 
-def _gradient_rank(rank: int, port: int, out: str, sections: dict, loss_fn: LossFn) -> None:
-    _in_group(_gradient_work, rank, port, out, sections, loss_fn)
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str | None]:
+    """The directory the group wrote to, and why it failed (None when every work ran)."""
+    out = tmp_path_factory.mktemp("dp_exact")
+    try:
+        mp.spawn(_group, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    except Exception as exc:  # the test whose file is missing says why
+        return out, repr(exc)
+    return out, None
 
 
-def _gradient_work(ctx: Any, rank: int, out: str, sections: dict, loss_fn: LossFn) -> None:
-    trainer = build_trainer(make_config(**sections), ctx, Path(out), loss_fn=loss_fn)
+def _written(group: tuple[Path, str | None], name: str) -> Path:
+    path = group[0] / name
+    if not path.exists():
+        pytest.fail(f"{name} was not written: {group[1]}")
+    return path
+
+
+SPLIT = {"parallel": {"dp": 2}, "batch": {"global_size": 12, "grad_accum": 3}}
+
+
+def _gradient_work(ctx: Any, rank: int, out: str, loss_fn: LossFn) -> None:
+    trainer = build_trainer(make_config(**SPLIT), ctx, Path(out), loss_fn=loss_fn)
     grads = record_gradients(trainer)
     trainer.train_step(0)
-    torch.save(grads[0], Path(out) / f"grad_rank{rank}.pt")
+    torch.save(grads[0], Path(out) / f"grad_{loss_fn.__name__}_rank{rank}.pt")
 
 
-def test_dp2_accum3_gradient_equals_single_process(tmp_path: Path) -> None:
-    split = {"parallel": {"dp": 2}, "batch": {"global_size": 12, "grad_accum": 3}}
-    _spawn(_gradient_rank, str(tmp_path), split, token_exact_loss)
+def test_dp2_accum3_gradient_equals_single_process(
+    group: tuple[Path, str | None], tmp_path: Path
+) -> None:
     reference = one_step_gradient(make_config(batch={"global_size": 12}), tmp_path)
     for rank in range(WORLD):
-        grad = torch.load(tmp_path / f"grad_rank{rank}.pt")
+        grad = torch.load(_written(group, f"grad_token_exact_loss_rank{rank}.pt"))
         assert relative_error(grad, reference) < 1e-5
 
     # Negative control on the same data: mean of per-micro-batch, per-rank means.
-    _spawn(_gradient_rank, str(tmp_path), split, per_micro_batch_mean)
-    wrong = torch.load(tmp_path / "grad_rank0.pt")
+    wrong = torch.load(_written(group, "grad_per_micro_batch_mean_rank0.pt"))
     assert relative_error(wrong, reference) > 1e-3
-
-
-def _count_rank(rank: int, port: int, out: str, accum: int) -> None:
-    _in_group(_count_work, rank, port, out, accum)
 
 
 def _count_work(ctx: Any, rank: int, out: str, accum: int) -> None:
@@ -114,11 +131,11 @@ def _count_work(ctx: Any, rank: int, out: str, accum: int) -> None:
         (Path(out) / f"counts_accum{accum}.json").write_text(json.dumps(record))
 
 
-def test_one_gradient_sync_and_one_small_all_reduce_per_step(tmp_path: Path) -> None:
-    for accum in (1, 4):
-        _spawn(_count_rank, str(tmp_path), accum)
-    one = json.loads((tmp_path / "counts_accum1.json").read_text())
-    four = json.loads((tmp_path / "counts_accum4.json").read_text())
+def test_one_gradient_sync_and_one_small_all_reduce_per_step(
+    group: tuple[Path, str | None],
+) -> None:
+    one = json.loads(_written(group, "counts_accum1.json").read_text())
+    four = json.loads(_written(group, "counts_accum4.json").read_text())
     assert one["gradient_allreduce"] == four["gradient_allreduce"] > 0
     # Counts, stop flag and the previous step's loss: one collective per step, 3 steps...
     assert one["step_counts"] == four["step_counts"] == 3
@@ -146,10 +163,6 @@ class _EmptyStepDataset:
         return []
 
 
-def _empty_step_rank(rank: int, port: int, out: str) -> None:
-    _in_group(_empty_step_work, rank, port, out)
-
-
 def _empty_step_work(ctx: Any, rank: int, out: str) -> None:
     cfg = make_config(parallel={"dp": 2}, batch={"global_size": 8, "grad_accum": 2})
     data = _EmptyStepDataset(build_dataset(cfg.data, cfg.model.seq_len, 0), 8)
@@ -171,10 +184,19 @@ def _empty_step_work(ctx: Any, rank: int, out: str) -> None:
     (Path(out) / f"empty_rank{rank}.json").write_text(json.dumps(results))
 
 
-def test_step_without_valid_tokens_is_skipped_on_every_rank(tmp_path: Path) -> None:
-    _spawn(_empty_step_rank, str(tmp_path))
+WORKS: list[tuple[Any, tuple[Any, ...]]] = [
+    (_gradient_work, (token_exact_loss,)),
+    (_gradient_work, (per_micro_batch_mean,)),
+    (_count_work, (1,)),
+    (_count_work, (4,)),
+    (_empty_step_work, ()),
+]
+"""What the one group does, in this order (see _group)."""
+
+
+def test_step_without_valid_tokens_is_skipped_on_every_rank(group: tuple[Path, str | None]) -> None:
     for rank in range(WORLD):
-        results = json.loads((tmp_path / f"empty_rank{rank}.json").read_text())
+        results = json.loads(_written(group, f"empty_rank{rank}.json").read_text())
         assert results[1] == {"loss": None, "tokens": 0, "unchanged": True}
         for r in (results[0], results[2]):
             assert r["loss"] is not None and r["loss"] == r["loss"] and not r["unchanged"]
