@@ -129,11 +129,12 @@ def test_features_not_composed_yet_are_refused_before_launch(override: str, key:
     assert "parallel.tp=1" in error.fix
 
 
-def test_a_user_model_has_no_plan_and_hf_has_no_sequence_parallelism() -> None:
+def test_a_user_model_without_a_plan_and_hf_have_no_sequence_parallelism() -> None:
     custom = refusal(
         ["parallel.tp=2", "model=custom", "model._target_=tests.fixtures.models.TinyLM"]
     )
-    assert custom.keys == ["parallel.tp", "model._target_"]
+    assert custom.keys == ["parallel.tp", "model.tp_plan"]
+    assert "add model.tp_plan" in custom.fix and "parallel.tp=1" in custom.fix
     hf = ["model=hf", "model.config=tests/fixtures/tiny_llama.json", "parallel.tp=2"]
     error = refusal([*hf, "parallel.sequence_parallel=true"])
     assert error.keys == ["parallel.sequence_parallel", "model"]
