@@ -117,12 +117,20 @@ def _check_features(cfg: RootConfig) -> None:
     tp = cfg.parallel.tp
     refused = [
         (cfg.adapter.enabled, "adapter", "set adapter=none"),
-        (cfg.data.document_masks, "data.packing", "set data.packing=false"),
         (cfg.parallel.elastic, "parallel.min_nodes", "drop parallel.min_nodes"),
         # The selective op policy reads tensors' storages, which a DTensor's ops do not have.
         (cfg.ac.policy == AcPolicy.selective, "ac=selective", "use ac=full (or every_n, sqrt)"),
         (bool(cfg.eval.harness.every), "eval.harness.every", "set eval.harness.every=0"),
     ]
+    if cfg.data.document_masks:
+        key, fix = _without_document_masks(cfg)
+        raise ConfigError(
+            [key, "parallel.tp"],
+            "each document's own positions and attention inside a sequence (data=hf documents "
+            f"cut into windows, or data.packing=true) are not composed with tensor parallelism "
+            f"(parallel.tp={tp}) yet.",
+            f"{fix}, or set {NOT_YET}.",
+        )
     for on, key, fix in refused:
         if on:
             raise ConfigError(
@@ -130,3 +138,15 @@ def _check_features(cfg: RootConfig) -> None:
                 f"{key} is not composed with tensor parallelism (parallel.tp={tp}) yet.",
                 f"{fix}, or set {NOT_YET}.",
             )
+
+
+def _without_document_masks(cfg: RootConfig) -> tuple[str, str]:
+    """(the key, the fix) that gives data=hf sequences without each document's own positions and
+    attention: fine-tuning records one per padded sequence; documents concatenated with attention
+    across them (data.packing=false alone keeps the masks for documents)."""
+    if cfg.data.tuning:
+        return "data.packing", "set data.packing=false"
+    if cfg.data.packing is True:
+        fix = "set data.packing=false data.cross_document_attention=true"
+        return "data.packing", fix
+    return "data.cross_document_attention", "set data.cross_document_attention=true"
