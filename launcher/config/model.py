@@ -89,7 +89,7 @@ QKV_ROWS_KEY, QKV_ROWS = "model.qkv_rows", "by_head"
 since 2026-12-04, so that a tensor-parallel shard holds whole heads; before, [q; k; v] whole.
 A checkpoint's fingerprint without this key has the old rows (launcher/checkpoint/compat.py)."""
 
-LAUNCHER_KEYS = ("_target_", "name", "seq_len", "blocks", "init_from")
+LAUNCHER_KEYS = ("_target_", "name", "seq_len", "blocks", "init_from", "tp_plan")
 """A user model's keys that the launcher reads; every other key is the model's own argument."""
 
 
@@ -107,6 +107,10 @@ class UserModelConfig:
     """Dotted path of the repeated blocks (an nn.ModuleList, e.g. model.layers); null: found."""
     init_from: str | None = None
     """Start from these weights: a `launch export` directory (or its model.safetensors)."""
+    tp_plan: dict[str, str] | None = None
+    """Tensor parallelism of this model (parallel.tp > 1): module-name pattern (fnmatch on each
+    dotted part, e.g. blocks.*.attn.q) -> colwise, rowwise or colwise_rep (docs/parallelism.md).
+    null or empty: none (model=hf: the family's own base_model_tp_plan)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The model's own arguments (every other key of the model section), passed to the target."""
 
@@ -121,6 +125,7 @@ class UserModelConfig:
         clash = sorted(set(self.kwargs) & set(LAUNCHER_KEYS))
         if clash:
             raise ConfigError(f"model.kwargs.{clash[0]}", "is a launcher key.", "set it directly.")
+        check_tp_plan(self.tp_plan or {})
 
     def fingerprint(self) -> dict[str, Any]:
         args = {f"model.{key}": value for key, value in sorted(self.kwargs.items())}
@@ -134,8 +139,43 @@ class UserModelConfig:
             "seq_len": self.seq_len,
             "blocks": self.blocks,
             "init_from": self.init_from,
+            **({"tp_plan": dict(self.tp_plan)} if self.tp_plan else {}),
             **self.kwargs,
         }
+
+
+TP_STYLES = ("colwise", "rowwise", "colwise_rep")
+"""model.tp_plan's styles, in transformers' words: colwise splits a layer's outputs (nn.Linear's
+rows, nn.Embedding's width), rowwise its inputs (nn.Linear's columns, nn.Embedding's vocabulary
+rows) and sums the ranks' partial outputs, colwise_rep splits the outputs and gathers them whole
+(a vocabulary-split head whose logits the loss reads whole)."""
+
+
+def check_tp_plan(plan: Mapping[str, Any]) -> None:
+    """Each pattern names a submodule and each style is one of TP_STYLES (whether a pattern
+    matches a layer is checked on the built model: launcher/models/tp_plan.py)."""
+    for pattern, style in plan.items():
+        if not str(pattern).strip(". "):
+            raise ConfigError(
+                "model.tp_plan",
+                f"the pattern {pattern!r} names no submodule (the plan splits layers, not the "
+                "whole model).",
+                "name the layers, e.g. blocks.*.attn.q: colwise (docs/parallelism.md).",
+            )
+        if style in ("sequence", "sequence_parallel"):
+            raise ConfigError(
+                ["model.tp_plan", "parallel.sequence_parallel"],
+                f"{pattern}: {style}: sequence parallelism is in the built-in GPT's plan only; a "
+                "model's own plan splits its Linear and Embedding layers, with whole activations "
+                "(norms included) between them.",
+                f"remove {pattern} from model.tp_plan (its norms stay whole on every rank).",
+            )
+        if style not in TP_STYLES:
+            raise ConfigError(
+                "model.tp_plan",
+                f"{pattern}: {style!r} is not a tensor-parallel style.",
+                f"give {pattern} one of {', '.join(TP_STYLES)} in model.tp_plan.",
+            )
 
 
 AnyModelConfig = ModelConfig | UserModelConfig

@@ -61,24 +61,28 @@ def check_tensor_parallel(cfg: RootConfig) -> None:
 
 
 def _check_user_model(cfg: RootConfig, model: UserModelConfig) -> None:
-    """model=hf: the family's own base_model_tp_plan (checked when the plan builds the model,
-    launcher/models/tensor_parallel.py), without sequence parallelism; model=custom: none."""
+    """model.tp_plan (the user's module-name patterns), else model=hf's family plan (both
+    checked on the built model when the plan builds it: launcher/models/tp_plan.py and
+    tensor_parallel.py); neither with sequence parallelism."""
     tp = cfg.parallel.tp
-    if model._target_ != HF_TARGET:
+    if not model.tp_plan and model._target_ != HF_TARGET:
         raise ConfigError(
-            ["parallel.tp", "model._target_"],
-            f"parallel.tp={tp}: tensor-parallel plans exist for the built-in GPT and Hugging Face "
-            f"models (model=hf); {model._target_} has none.",
-            f"set {NOT_YET}, or train the built-in GPT (model=tiny, small or gpt2) or model=hf.",
+            ["parallel.tp", "model.tp_plan"],
+            f"parallel.tp={tp}: {model._target_} has no tensor-parallel plan. model.tp_plan "
+            "names the layers to split: module-name patterns -> colwise, rowwise or colwise_rep, "
+            "e.g. {blocks.*.attn.q: colwise, blocks.*.attn.out: rowwise, ...}.",
+            'add model.tp_plan to the model\'s config (docs/parallelism.md, "Your own model", '
+            f"has a complete example), or set {NOT_YET}.",
         )
     if cfg.parallel.sequence_parallel:
+        plan = "model.tp_plan" if model.tp_plan else "a Hugging Face family's base_model_tp_plan"
         raise ConfigError(
             ["parallel.sequence_parallel", "model"],
-            "sequence parallelism is in the built-in GPT's plan only; a Hugging Face family's "
-            "base_model_tp_plan splits heads and the MLP, with whole activations between them.",
+            f"sequence parallelism is in the built-in GPT's plan only; {plan} splits heads and "
+            "the MLP, with whole activations between them.",
             "set parallel.sequence_parallel=false (or null).",
         )
-    cfg.parallel.sequence_parallel = False  # null: off for a family's own plan
+    cfg.parallel.sequence_parallel = False  # null: off for a model's own plan
 
 
 def _check_shape(cfg: RootConfig, model: ModelConfig) -> None:
@@ -113,12 +117,20 @@ def _check_features(cfg: RootConfig) -> None:
     tp = cfg.parallel.tp
     refused = [
         (cfg.adapter.enabled, "adapter", "set adapter=none"),
-        (cfg.data.document_masks, "data.packing", "set data.packing=false"),
         (cfg.parallel.elastic, "parallel.min_nodes", "drop parallel.min_nodes"),
         # The selective op policy reads tensors' storages, which a DTensor's ops do not have.
         (cfg.ac.policy == AcPolicy.selective, "ac=selective", "use ac=full (or every_n, sqrt)"),
         (bool(cfg.eval.harness.every), "eval.harness.every", "set eval.harness.every=0"),
     ]
+    if cfg.data.document_masks:
+        key, fix = _without_document_masks(cfg)
+        raise ConfigError(
+            [key, "parallel.tp"],
+            "each document's own positions and attention inside a sequence (data=hf documents "
+            f"cut into windows, or data.packing=true) are not composed with tensor parallelism "
+            f"(parallel.tp={tp}) yet.",
+            f"{fix}, or set {NOT_YET}.",
+        )
     for on, key, fix in refused:
         if on:
             raise ConfigError(
@@ -126,3 +138,15 @@ def _check_features(cfg: RootConfig) -> None:
                 f"{key} is not composed with tensor parallelism (parallel.tp={tp}) yet.",
                 f"{fix}, or set {NOT_YET}.",
             )
+
+
+def _without_document_masks(cfg: RootConfig) -> tuple[str, str]:
+    """(the key, the fix) that gives data=hf sequences without each document's own positions and
+    attention: fine-tuning records one per padded sequence; documents concatenated with attention
+    across them (data.packing=false alone keeps the masks for documents)."""
+    if cfg.data.tuning:
+        return "data.packing", "set data.packing=false"
+    if cfg.data.packing is True:
+        fix = "set data.packing=false data.cross_document_attention=true"
+        return "data.packing", fix
+    return "data.cross_document_attention", "set data.cross_document_attention=true"

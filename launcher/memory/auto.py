@@ -164,7 +164,7 @@ def plan_and_choose(
         info.trainable,
         info.block_trainable,
     )
-    shape = per_tp_rank(cfg, shape)  # one tensor-parallel rank's share
+    shape = per_tp_rank(cfg, shape, info.tp_share)  # one tensor-parallel rank's share
     choice = choose(Planner(cfg, shape), budget)
     return resolved(cfg, choice), choice
 

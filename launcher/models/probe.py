@@ -6,14 +6,10 @@ ConfigError naming the key and the fix (exit status 2)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from launcher.adapters.targets import count_parameters, resolve
 from launcher.config.ac import AcPolicy
@@ -23,8 +19,10 @@ from launcher.errors import ConfigError, DataError, LauncherError, VocabTooSmall
 from launcher.models.blocks import BlockList, find_blocks, require_blocks
 from launcher.models.build import build_model
 from launcher.models.init_from import check_initial_weights
-from launcher.models.output import LogitsForward
+from launcher.models.probe_forward import _on, check_output, probe_output
 from launcher.models.tensor_parallel import check_family_plan
+from launcher.models.tp_plan import TpShare, check_plan, rank_share
+from launcher.models.tp_probe import check_one_rank
 from launcher.models.vocab import vocab_fix
 
 PROBE_SAMPLES = 32
@@ -47,35 +45,9 @@ class ModelInfo:
     """Parameters that train (adapter=lora: the adapters and train_modules); None: all."""
     block_trainable: int | None = None
     """The same for one repeated block."""
-
-
-class _NoInitOnMeta(TorchFunctionMode):
-    """Initialisers and random fills are no-ops on meta tensors (there is no data): skipped,
-    they keep torch from importing its compiler for their meta versions (about 2 s of `launch`'s
-    start, and seconds more at its exit)."""
-
-    FILLS = frozenset({"normal_", "uniform_", "random_", "bernoulli_", "exponential_", "fill_"})
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        target = args[0] if args else kwargs.get("tensor")
-        initialiser = getattr(func, "__module__", None) == "torch.nn.init"
-        fill = getattr(func, "__name__", None) in self.FILLS
-        if isinstance(target, torch.Tensor) and target.is_meta and (initialiser or fill):
-            return target
-        return func(*args, **kwargs)
-
-
-@contextmanager
-def _on(device: str) -> Iterator[None]:
-    with torch.random.fork_rng(devices=[]), torch.device(device):
-        if device != "meta":
-            yield
-            return
-        with _NoInitOnMeta():
-            yield
+    tp_share: TpShare | None = None
+    """One tensor-parallel rank's parameters under model.tp_plan (None: counted by the family's
+    rule, launcher/parallel/shape.py)."""
 
 
 def _needs_blocks(cfg: RootConfig, engine: str | None) -> str | None:
@@ -85,51 +57,6 @@ def _needs_blocks(cfg: RootConfig, engine: str | None) -> str | None:
     if engine:
         needs.append(engine)
     return " and ".join(needs) or None
-
-
-def _probe_logits(model: nn.Module, seq_len: int, device: str) -> Any:
-    forward = model.forward
-    raw = forward.inner if isinstance(forward, LogitsForward) else forward
-    with torch.no_grad():
-        return raw(torch.zeros((1, seq_len), dtype=torch.long, device=device))
-
-
-def _output_error(cfg: UserModelConfig, what: str) -> ConfigError:
-    return ConfigError(
-        "model._target_",
-        f"{cfg._target_}'s forward(input_ids) returned {what}, not logits.",
-        "return logits [batch, seq, vocab] (or [batch, classes] for a classifier), or an object "
-        "with .logits (a transformers model output).",
-    )
-
-
-def check_output(cfg: UserModelConfig, output: Any) -> int:
-    """The logits' vocabulary size; a ConfigError when the output is not logits."""
-    from launcher.models.output import logits_of
-
-    logits = logits_of(output)
-    if logits is None:
-        return _raise(_output_error(cfg, type(output).__name__))
-    shape = tuple(logits.shape)
-    if not logits.is_floating_point():
-        raise _output_error(cfg, f"a {logits.dtype} tensor")
-    if (len(shape) == 3 and shape[:2] == (1, cfg.seq_len)) or (len(shape) == 2 and shape[0] == 1):
-        return int(shape[-1])
-    raise _output_error(cfg, f"a tensor of shape {list(shape)} for input [1, {cfg.seq_len}]")
-
-
-def _raise(error: ConfigError) -> int:
-    raise error
-
-
-def probe_vocab(cfg: UserModelConfig, meta_model: nn.Module) -> int:
-    """One forward on the meta device; on a model the meta device cannot run, one CPU sample."""
-    try:
-        output = _probe_logits(meta_model, cfg.seq_len, "meta")
-    except (NotImplementedError, RuntimeError):
-        with _on("cpu"):
-            output = _probe_logits(build_model(cfg), cfg.seq_len, "cpu")
-    return check_output(cfg, output)
 
 
 def max_target_id(cfg: RootConfig, model: UserModelConfig, vocab: int) -> int | None:
@@ -180,17 +107,26 @@ def inspect_model(cfg: RootConfig, engine_needs: str | None) -> ModelInfo:
     blocks = require_blocks(model, path, needs) if needs else find_blocks(model, path)
     if cfg.model.init_from:
         check_initial_weights(model, cfg.model.init_from)
-    if cfg.parallel.tp > 1 and isinstance(cfg.model, UserModelConfig):
-        check_family_plan(model, cfg.parallel.tp)
+    tp, share = cfg.parallel.tp, None
+    own_plan = isinstance(cfg.model, UserModelConfig) and bool(cfg.model.tp_plan)
+    if tp > 1 and isinstance(cfg.model, UserModelConfig) and not own_plan:
+        check_family_plan(model, tp)
+    if tp > 1 and isinstance(cfg.model, UserModelConfig) and own_plan:
+        planned = check_plan(model, cfg.model.tp_plan or {}, tp)
+        share = rank_share(model, planned, tp, blocks.blocks[0] if blocks else None)
     vocab = None
     if isinstance(cfg.model, UserModelConfig):
         with _on("meta"):
-            vocab = probe_vocab(cfg.model, model)
+            output, device = probe_output(cfg.model, model)
+        vocab = check_output(cfg.model, output)
         check_vocab(cfg, cfg.model, vocab)
+        if share is not None:
+            check_one_rank(cfg.model, tp, vocab, device)
     block = sum(p.numel() for p in blocks.blocks[0].parameters()) if blocks else 0
     sizes = tuple(p.numel() for p in model.parameters())
-    if not cfg.adapter.enabled:
-        return ModelInfo(parameters, blocks, vocab, block, max(sizes, default=0), sizes)
+    if not cfg.adapter.enabled:  # (adapters are refused under tensor parallelism)
+        largest = max(sizes, default=0)
+        return ModelInfo(parameters, blocks, vocab, block, largest, sizes, tp_share=share)
     # adapter.targets / train_modules / rank checked against the model's layers, and counted.
     first = blocks.blocks[0] if blocks else None
     counts = count_parameters(model, resolve(model, cfg.adapter), cfg.adapter.rank, first)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from launcher.config.model import UserModelConfig
 from launcher.config.root import RootConfig
 from launcher.distributed import DistContext
 from launcher.errors import ConfigError
@@ -21,6 +22,10 @@ def apply_tensor_parallel(cfg: RootConfig, model: nn.Module, ctx: DistContext) -
         from launcher.parallel.gpt_plan import parallelize_gpt
 
         return parallelize_gpt(model, ctx.mesh[TP], cfg.parallel.sequence_sharded)
+    if isinstance(cfg.model, UserModelConfig) and cfg.model.tp_plan:  # the user's own plan
+        from launcher.parallel.user_plan import parallelize_user
+
+        return parallelize_user(model, ctx.mesh[TP], cfg.model.tp_plan)
     if family_plan(model) is not None:  # a Hugging Face family's own plan
         from launcher.parallel.hf_plan import parallelize_hf
 
@@ -29,5 +34,5 @@ def apply_tensor_parallel(cfg: RootConfig, model: nn.Module, ctx: DistContext) -
     raise ConfigError(
         ["parallel.tp", "model"],
         f"parallel.tp={ctx.tp}: no tensor-parallel plan for {type(model).__name__}.",
-        "set parallel.tp=1.",
+        "set parallel.tp=1, or name the layers to split in model.tp_plan.",
     )

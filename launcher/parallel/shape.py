@@ -9,6 +9,7 @@ import dataclasses
 from launcher.config.model import ModelConfig
 from launcher.config.root import RootConfig
 from launcher.models.shape import ModelShape
+from launcher.models.tp_plan import TpShare
 
 
 def replicated(cfg: RootConfig) -> tuple[int, int]:
@@ -22,9 +23,18 @@ def replicated(cfg: RootConfig) -> tuple[int, int]:
     return block, root
 
 
-def per_tp_rank(cfg: RootConfig, shape: ModelShape) -> ModelShape:
-    """`shape` as one rank of a tensor-parallel group holds it; itself at tp=1."""
+def per_tp_rank(cfg: RootConfig, shape: ModelShape, share: TpShare | None = None) -> ModelShape:
+    """`shape` as one rank of a tensor-parallel group holds it; itself at tp=1. `share`: each
+    parameter's elements on one rank under model.tp_plan (launcher/models/tp_plan.py)."""
     tp = cfg.parallel.tp
+    if tp > 1 and share is not None:  # adapters are refused under tp: every parameter trains
+        return dataclasses.replace(
+            shape,
+            parameters=sum(share.sizes),
+            block_parameters=share.block,
+            largest_parameter=max(share.sizes, default=0),
+            parameter_sizes=share.sizes,
+        )
     if tp == 1 or not isinstance(cfg.model, ModelConfig):
         return shape  # a family's own plan: counted whole (an upper bound)
     block_whole, root_whole = replicated(cfg)

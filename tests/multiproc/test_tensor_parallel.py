@@ -1,17 +1,21 @@
 """`launch train parallel.tp=2` (and dp=2 x tp=2) on real gloo ranks: the loss, the gradient norm
 and the token count of every step equal one process's on the same global batches; counting
-tokens per world rank instead of per data-parallel rank (the negative control) is caught."""
+tokens per world rank instead of per data-parallel rank (the negative control) is caught. The tp
+run's checkpoint exports, generates and serves as one process's does."""
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.e2e.serve_run import start_serve
 from tests.helpers import FAST, max_rel_diff, read_metrics, read_summary, run_launch
 from tests.once import built_once
 
@@ -64,6 +68,27 @@ def test_tp2_equals_one_process(
     assert sorted(ours) == sorted(theirs)
     assert all(ours[k].shape == theirs[k].shape for k in theirs)
     assert max(float((ours[k] - theirs[k]).abs().max()) for k in theirs) < 1e-5
+    _generates_and_serves_as_one_process(run_dir, one_process_run, tmp_path)
+
+
+def _generates_and_serves_as_one_process(run_dir: Path, reference: Path, tmp_path: Path) -> None:
+    """`launch generate` and `launch serve` read the tp run's DCP checkpoint (DTensors) into one
+    process's model: greedy answers are the one-process run's."""
+    prompts = tmp_path / "prompts.jsonl"
+    records = [{"prompt": "abc|", "max_new_tokens": 6}, {"prompt": "hello|", "max_new_tokens": 4}]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    ours = run_launch(["generate", str(run_dir), str(prompts)]).stdout
+    assert ours == run_launch(["generate", str(reference), str(prompts)]).stdout
+    first = json.loads(ours.splitlines()[0])["completion"]
+    assert first, ours  # the model answered something to compare
+    base, server = start_serve(run_dir, tmp_path / "serve.log")
+    try:
+        body = {"model": run_dir.name, "prompt": "abc|", "max_tokens": 6, "temperature": 0}
+        answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+    assert answer["choices"][0]["text"] == first, answer
 
 
 @pytest.mark.parametrize(

@@ -129,12 +129,45 @@ def test_features_not_composed_yet_are_refused_before_launch(override: str, key:
     assert "parallel.tp=1" in error.fix
 
 
-def test_a_user_model_has_no_plan_and_hf_has_no_sequence_parallelism() -> None:
+def test_a_user_model_without_a_plan_and_hf_have_no_sequence_parallelism() -> None:
     custom = refusal(
         ["parallel.tp=2", "model=custom", "model._target_=tests.fixtures.models.TinyLM"]
     )
-    assert custom.keys == ["parallel.tp", "model._target_"]
+    assert custom.keys == ["parallel.tp", "model.tp_plan"]
+    assert "add model.tp_plan" in custom.fix and "parallel.tp=1" in custom.fix
     hf = ["model=hf", "model.config=tests/fixtures/tiny_llama.json", "parallel.tp=2"]
     error = refusal([*hf, "parallel.sequence_parallel=true"])
     assert error.keys == ["parallel.sequence_parallel", "model"]
     assert config(hf).parallel.sequence_parallel is False  # null resolves to off
+
+
+DATA = "examples/own_project/data"
+DOCUMENTS = ["data=hf", f"data.path={DATA}/corpus.jsonl", f"data.tokenizer={DATA}/tokenizer"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fix"),
+    [
+        ([], "data.cross_document_attention", "data.cross_document_attention=true"),
+        (
+            ["data.packing=true"],
+            "data.packing",
+            "data.packing=false data.cross_document_attention=true",
+        ),
+        (
+            ["data.prompt_field=p", "data.completion_field=c", "data.packing=concat"],
+            "data.packing",
+            "data.packing=false",
+        ),
+    ],
+    ids=["documents", "packed_documents", "packed_records"],
+)
+def test_document_masks_are_refused_with_the_fix_that_removes_them(
+    overrides: list[str], key: str, fix: str
+) -> None:
+    """data=hf documents get masks with data.packing=false too: the Fix names what removes them."""
+    error = refusal(["parallel.tp=2", *DOCUMENTS, *overrides])
+    assert error.keys == [key, "parallel.tp"]
+    assert error.fix.startswith(f"set {fix},")
+    fixed = [o for o in overrides if not o.startswith("data.packing")]
+    assert not config(["parallel.tp=2", *DOCUMENTS, *fixed, *fix.split()]).data.document_masks

@@ -101,6 +101,11 @@ def test_comparison_names_the_worst_parameter() -> None:
     assert not result.certified and result.loss_ok and not result.grads_ok
     assert result.worst_param == ("b", pytest.approx(0.2))
     assert [n for n, _ in result.failing_params()] == ["b", "a"]
+    # A gradient that is rounding noise in both runs (a key bias's) is judged on the model's
+    # scale, not its own: certified.
+    noise = {"a": torch.ones(3), "b": torch.ones(2), "k_bias": torch.full((2,), 1e-10)}
+    flipped = {**noise, "k_bias": torch.full((2,), -1e-10)}
+    assert compare(_run([2.0, 1.9], flipped), _run([2.0, 1.9], noise), TOLERANCES["fp32"]).certified
     missing = compare(_run([2.0, 1.9], {"a": torch.ones(3)}), ref, TOLERANCES["fp32"])
     assert missing.missing == ["b"] and not missing.certified
 

@@ -13,29 +13,45 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class Attention(nn.Module):
+    """Causal self-attention. q, k and v are layers of their own and the heads are counted from
+    the tensor (view with -1), so that a tensor-parallel plan can split them by heads (model.tp_plan
+    in conf/model/my_net.yaml: each rank then holds n_head / tp whole heads)."""
+
+    def __init__(self, d_model: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.head_dim, self.dropout = d_model // n_head, dropout
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = (
+            z.view(b, t, -1, self.head_dim).transpose(1, 2)
+            for z in (self.q(x), self.k(x), self.v(x))
+        )
+        p = self.dropout if self.training else 0.0
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        return self.out(att.transpose(1, 2).reshape(b, t, -1))
+
+
 class Block(nn.Module):
     """Pre-norm causal self-attention and an MLP, each on a residual path."""
 
     def __init__(self, d_model: int, n_head: int, dropout: float) -> None:
         super().__init__()
-        self.n_head, self.dropout = n_head, dropout
         self.norm1 = nn.LayerNorm(d_model)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
+        self.attn = Attention(d_model, n_head, dropout)
         self.norm2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
-        )
+        self.up = nn.Linear(d_model, 4 * d_model)
+        self.down = nn.Linear(4 * d_model, d_model)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
-        p = self.dropout if self.training else 0.0
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
-        x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, t, d)))
-        return x + self.drop(self.mlp(self.norm2(x)))
+        x = x + self.drop(self.attn(self.norm1(x)))
+        return x + self.drop(self.down(F.gelu(self.up(self.norm2(x)))))
 
 
 class MyNet(nn.Module):
