@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from launcher.plan import Plan
     from launcher.runners.meeting import Meeting
 
+KEEP_ALIVE_ATTEMPTS = 3
+"""A node whose agent misses this many keep-alives in a row is gone (torchrun's default)."""
 NODE_ONLY_KEYS = (
     "cluster.node_rank=",
     "+cluster.node_rank=",
@@ -66,9 +68,13 @@ def node_argv(
     the arguments it is not given)."""
     from launcher.runners.agent import handles_signals_option
 
-    parallel = cfg.parallel
+    parallel, cluster = cfg.parallel, cfg.cluster
     nnodes = f"{rdzv.least_nodes}:{rdzv.nodes}" if parallel.elastic else str(rdzv.nodes)
-    conf = f"is_host={'true' if hosts else 'false'},join_timeout={rdzv.timeout}"
+    conf = (
+        f"is_host={'true' if hosts else 'false'},join_timeout={rdzv.timeout},"
+        f"last_call_timeout={cluster.rdzv_last_call},keep_alive_interval={cluster.rdzv_keep_alive},"
+        f"keep_alive_max_attempt={KEEP_ALIVE_ATTEMPTS}"
+    )
     local_addr = os.environ.get("PET_LOCAL_ADDR", "").strip()
     return [
         TORCHRUN,
@@ -106,6 +112,7 @@ def nodes_text(run_dir: Path, rdzv: NodeRendezvous) -> str:
     """nodes.txt: the command every node runs and where each rendezvous value came from."""
     values = {
         "parallel.nodes": str(rdzv.nodes),
+        **({"parallel.min_nodes": str(rdzv.least_nodes)} if rdzv.least_nodes < rdzv.nodes else {}),
         "cluster.rdzv_endpoint": rdzv.endpoint,
         "cluster.rdzv_id": rdzv.rdzv_id,
         "cluster.node_rank": "-" if rdzv.node_rank is None else str(rdzv.node_rank),
