@@ -95,9 +95,9 @@ def node_argv(
     ]
 
 
-def every_node_command(run_dir: Path) -> str:
-    """`launch train` with this launch's overrides (as Hydra parsed them) less a node's own, and the
-    run directory: the one command every node runs."""
+def every_node_command(run_dir: Path, command: str = "train") -> str:
+    """`launch <command>` with this launch's overrides (as Hydra parsed them) less a node's own, and
+    the run directory: the one command every node runs."""
     from hydra.core.hydra_config import HydraConfig
 
     try:
@@ -105,10 +105,10 @@ def every_node_command(run_dir: Path) -> str:
     except ValueError:  # called outside a Hydra job (a test calling train_command)
         overrides = []
     kept = [str(o) for o in overrides if not str(o).startswith(NODE_ONLY_KEYS)]
-    return shlex.join(["launch", "train", *kept, f"hydra.run.dir={run_dir.resolve()}"])
+    return shlex.join(["launch", command, *kept, f"hydra.run.dir={run_dir.resolve()}"])
 
 
-def nodes_text(run_dir: Path, rdzv: NodeRendezvous) -> str:
+def nodes_text(run_dir: Path, rdzv: NodeRendezvous, command: str = "train") -> str:
     """nodes.txt: the command every node runs and where each rendezvous value came from."""
     values = {
         "parallel.nodes": str(rdzv.nodes),
@@ -120,7 +120,7 @@ def nodes_text(run_dir: Path, rdzv: NodeRendezvous) -> str:
     lines = [
         "# cluster=torchrun: run this same command on every node (each node's rank, if any,",
         "# from its environment or cluster.node_rank=R); node 0 hosts the rendezvous:",
-        every_node_command(run_dir),
+        every_node_command(run_dir, command),
         "# the rendezvous values as node 0 read them, and where each came from:",
         *(f"{key:<22} {value:<24} {rdzv.sources[key]}" for key, value in values.items()),
     ]
@@ -132,29 +132,26 @@ class TorchrunNodesRunner(LocalRunner):
 
     def __init__(self) -> None:
         self.rendezvous: NodeRendezvous | None = None
+        self.job_dir: Path | None = None  # the run directory every node names (not verify's split)
         self.meeting: Meeting | None = None
         self.first_node = True
 
     def _rdzv(self) -> NodeRendezvous:
         if self.rendezvous is None:
-            raise ConfigError(
-                "cluster",
-                "`launch verify` does not join nodes under cluster=torchrun.",
-                "certify the same split on one machine: the same overrides with cluster=local "
-                "parallel.nodes=1.",
-            )
+            raise RuntimeError("cluster=torchrun: the rendezvous is resolved first (resolve())")
         return self.rendezvous
 
     def resolve(self, cfg: RootConfig, run_dir: Path) -> RootConfig:
         if cfg.verify.first:
             raise ConfigError(
                 ["verify.first", "cluster"],
-                "verify.first certifies the split before training, and `launch verify` does not "
-                "join nodes under cluster=torchrun.",
-                "set verify.first=false, and certify the same split on one machine first: "
-                "`launch verify` with the same overrides and cluster=local parallel.nodes=1.",
+                "verify.first certifies the split before training, which cluster=torchrun's "
+                "nodes do not do in one command.",
+                "set verify.first=false, and certify the split first: `launch verify` with the "
+                "same overrides on every node (docs/multinode.md).",
             )
         cfg, self.rendezvous = resolve_rendezvous(cfg, run_dir, os.environ)
+        self.job_dir = run_dir
         return cfg
 
     def claim_run_dir(self, cfg: RootConfig, dry_run: bool) -> bool:
@@ -179,7 +176,11 @@ class TorchrunNodesRunner(LocalRunner):
         return environment_additions(cfg)
 
     def files(self, cfg: RootConfig, run_dir: Path) -> dict[str, str]:
-        return {NODES_FILE: nodes_text(run_dir, self._rdzv())}
+        job_dir = self.job_dir or run_dir
+        return {NODES_FILE: nodes_text(job_dir, self._rdzv(), self.launch_command)}
+
+    def verify_runner(self) -> TorchrunNodesRunner:
+        return self  # the split runs on the job's nodes, met at launch verify's start
 
     def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
         from torch.distributed.elastic.rendezvous.api import RendezvousError
