@@ -85,12 +85,14 @@ def write_run_files(cfg: RootConfig, run_dir: Path, plan: Plan) -> None:
 
 
 def prepare_run(
-    cfg: RootConfig, run_dir: Path, lock: RunLock, dry_run: bool = False
+    cfg: RootConfig, run_dir: Path, lock: RunLock, dry_run: bool = False, verifying: bool = False
 ) -> tuple[RootConfig, Runner, Plan]:
     """Choose the runner, validate against this machine, take the run directory's lock (a run
     still going there is refused, named), build the complete plan (every check raises here,
-    before anything is written), then write the run directory."""
+    before anything is written), then write the run directory. verifying: `launch verify`, a dry
+    run of training whose split runs on every node of the job (cluster=torchrun: they meet)."""
     runner = runner_for(cfg)
+    runner.launch_command = "verify" if verifying else "train"
     cfg = runner.resolve(cfg, run_dir)  # cluster=torchrun: values from the node's environment
     cfg = check_environment(cfg, runner)
     cfg = check_wandb(cfg)
@@ -101,7 +103,7 @@ def prepare_run(
         require_lm_eval()
         include_dir(cfg.eval.harness)
     # cluster=torchrun: node 0 prepares the directory; the job's other nodes only read it
-    first = runner.claim_run_dir(cfg, dry_run)
+    first = runner.claim_run_dir(cfg, dry_run and not verifying)
     if first:
         lock.job = runner.lock_holder()
         lock.acquire()  # before reading what is there: another run may be writing it

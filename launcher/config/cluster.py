@@ -165,6 +165,12 @@ class ClusterConfig:
     rdzv_timeout: int = 600
     """torchrun: seconds to wait for every node at the rendezvous; then it ends naming the nodes
     that came and those that did not."""
+    rdzv_last_call: int = 30
+    """torchrun, elastic (parallel.min_nodes): seconds the rendezvous waits for more nodes once
+    parallel.min_nodes have come, before it starts with those (torchrun's last_call_timeout)."""
+    rdzv_keep_alive: int = 5
+    """torchrun: seconds between each node's keep-alive at the rendezvous; a node silent for three
+    of them is gone, and the others' restart goes on without it (torchrun's keep_alive_interval)."""
 
     def __post_init__(self) -> None:
         _check_pattern(
@@ -233,7 +239,8 @@ class ClusterConfig:
         )
         if self.node_rank is not None:
             require_non_negative("cluster.node_rank", self.node_rank)
-        require_positive("cluster.rdzv_timeout", self.rdzv_timeout)
+        for key in ("rdzv_timeout", "rdzv_last_call", "rdzv_keep_alive"):
+            require_positive(f"cluster.{key}", getattr(self, key))
         for i, directive in enumerate(self.extra_directives):
             _check_directive(i, directive)
         for i, line in enumerate(self.setup):

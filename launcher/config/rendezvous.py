@@ -4,6 +4,7 @@ the engine starting the node set, each with where it came from (`launch plan` pr
 An explicit key wins; else the first of these that is set (docs/multinode.md):
 
     parallel.nodes         PET_NNODES (torchrun's, set by Kubeflow Trainer), SKYPILOT_NUM_NODES
+    parallel.min_nodes     PET_NNODES=MIN:MAX (an elastic job: MIN to MAX nodes)
     cluster.node_rank      PET_NODE_RANK, NODE_RANK, SKYPILOT_NODE_RANK
     cluster.rdzv_endpoint  PET_RDZV_ENDPOINT, PET_MASTER_ADDR:PET_MASTER_PORT,
                            MASTER_ADDR:MASTER_PORT, SKYPILOT_NODE_IPS's first line (a port
@@ -73,18 +74,39 @@ def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | 
 
 
 def _count(key: str, name: str, value: str) -> int:
-    """An environment variable's whole number (PET_NNODES may be MIN:MAX: its MAX)."""
-    text = value.split(":")[-1]
-    if not text.isdigit():
+    """An environment variable's whole number."""
+    if not value.isdigit():
         raise ConfigError(
             key,
             f"{name}={value!r} in this node's environment is not a whole number.",
             f"set {key} explicitly, or unset {name}.",
         )
-    return int(text)
+    return int(value)
 
 
-def _nodes(cfg: RootConfig, env: Mapping[str, str]) -> tuple[int, str]:
+def _node_range(name: str, value: str) -> tuple[int, int]:
+    """PET_NNODES as torchrun reads it: N, or MIN:MAX (an elastic job of MIN to MAX nodes)."""
+    match = re.fullmatch(r"(\d+)(?::(\d+))?", value)
+    if match is None:
+        raise ConfigError(
+            "parallel.nodes",
+            f"{name}={value!r} in this node's environment is not a whole number (or MIN:MAX).",
+            f"set parallel.nodes explicitly, or unset {name}.",
+        )
+    least, nodes = int(match[1]), int(match[2] or match[1])
+    if not 1 <= least <= nodes:
+        raise ConfigError(
+            ["parallel.min_nodes", name],
+            f"{name}={value} in this node's environment is not MIN:MAX with 1 <= MIN <= MAX.",
+            f"start the nodes with {name}=MIN:MAX (e.g. {name}=1:{max(nodes, 2)}), or unset it "
+            "and set parallel.nodes (and parallel.min_nodes) explicitly.",
+        )
+    return least, nodes
+
+
+def _nodes(cfg: RootConfig, env: Mapping[str, str]) -> tuple[int, int | None, str]:
+    """The job's nodes, its fewest nodes where the environment gives a range (None: the
+    config's parallel.min_nodes stands), and where the count came from."""
     parallel = cfg.parallel
     found = _first(env, NODES_ENV)
     explicit = parallel.nodes if parallel.nodes > 1 else None
@@ -98,9 +120,9 @@ def _nodes(cfg: RootConfig, env: Mapping[str, str]) -> tuple[int, str]:
                 f"parallel.dp={2 * parallel.dp} ({parallel.dp} per node); or use cluster=local "
                 "for this machine alone.",
             )
-        return explicit, "parallel.nodes"
+        return explicit, None, "parallel.nodes"
     name, value = found
-    nodes = _count("parallel.nodes", name, value)
+    least, nodes = _node_range(name, value)
     if explicit is not None and nodes != explicit:
         per_node = parallel.ranks_per_node
         raise ConfigError(
@@ -110,7 +132,17 @@ def _nodes(cfg: RootConfig, env: Mapping[str, str]) -> tuple[int, str]:
             f"make them agree: parallel.nodes={nodes} parallel.dp={nodes * per_node}, or start "
             f"the nodes with {name}={explicit}.",
         )
-    return nodes, f"{name}={value}" + (" (agrees with parallel.nodes)" if explicit else "")
+    ranged = ":" in value
+    if ranged and parallel.min_nodes is not None and parallel.min_nodes != least:
+        raise ConfigError(
+            ["parallel.min_nodes", name],
+            f"parallel.min_nodes={parallel.min_nodes}, but {name}={value} in this node's "
+            f"environment says at least {least} node(s).",
+            f"make them agree: parallel.min_nodes={least}, or start the nodes with "
+            f"{name}={parallel.min_nodes}:{nodes}.",
+        )
+    where = f"{name}={value}" + (" (agrees with parallel.nodes)" if explicit else "")
+    return nodes, least if ranged else None, where
 
 
 def _endpoint(cfg: RootConfig, env: Mapping[str, str]) -> tuple[str, int, str]:
@@ -182,14 +214,28 @@ def _rdzv_id(cfg: RootConfig, env: Mapping[str, str], run_dir: Path) -> tuple[st
     return name, "the run directory's name"
 
 
+def _with_nodes(cfg: RootConfig, nodes: int, least: int | None) -> RootConfig:
+    """The config on `nodes` nodes, elastic down to `least` where the environment says so (its
+    restarts derived again: a job made elastic by the environment needs them)."""
+    parallel = cfg.parallel
+    min_nodes = parallel.min_nodes if least is None or least == nodes else least
+    if (nodes, min_nodes) == (parallel.nodes, parallel.min_nodes):
+        return cfg
+    train = cfg.train
+    if min_nodes is not None and min_nodes < nodes and not parallel.elastic:
+        # max_restarts was resolved for a job that was not elastic (0 from null)
+        train = replace(train, max_restarts=train.max_restarts or None)
+    return replace(cfg, parallel=replace(parallel, nodes=nodes, min_nodes=min_nodes), train=train)
+
+
 def resolve_rendezvous(
     cfg: RootConfig, run_dir: Path, env: Mapping[str, str]
 ) -> tuple[RootConfig, NodeRendezvous]:
     """The config with the job's node count, endpoint and id filled in (the same on every node:
     config.yaml holds them), and this node's rendezvous."""
-    nodes, nodes_from = _nodes(cfg, env)
-    if nodes != cfg.parallel.nodes:
-        cfg = replace(cfg, parallel=replace(cfg.parallel, nodes=nodes))
+    nodes, least, nodes_from = _nodes(cfg, env)
+    cfg = _with_nodes(cfg, nodes, least)
+    min_from = "parallel.min_nodes" if least is None or least == nodes else nodes_from
     _check_ranks_per_node(cfg, env)
     host, port, endpoint_from = _endpoint(cfg, env)
     rank, rank_from = _node_rank(cfg, env, nodes)
@@ -204,6 +250,7 @@ def resolve_rendezvous(
         timeout=cfg.cluster.rdzv_timeout,
         sources={
             "parallel.nodes": nodes_from,
+            **({"parallel.min_nodes": min_from} if cfg.parallel.elastic else {}),
             "cluster.rdzv_endpoint": endpoint_from,
             "cluster.node_rank": rank_from,
             "cluster.rdzv_id": id_from,

@@ -31,6 +31,10 @@ class Runner(ABC):
     """The module each rank runs (`python -m <worker> <run dir>/config.yaml`); `launch verify`
     sets launcher.verify.worker, which must also have `run_in_process(cfg, run_dir) -> int`."""
 
+    launch_command: str = "train"
+    """The `launch` subcommand this runner serves (train, or verify for its split): the command
+    every node of a cluster=torchrun job runs (nodes.txt)."""
+
     first_node: bool = True
     """This process prepares the run directory (takes its lock, writes config.yaml and plan.json,
     clears the last attempt's marks); False: another node of the job does (cluster=torchrun)."""
@@ -83,6 +87,11 @@ class Runner(ABC):
         of its own, wait for its certificate, return its exit status. None: the split runs from
         this machine (launcher/verify/command.py runs it)."""
         del cfg, run_dir
+        return None
+
+    def verify_runner(self) -> Runner | None:
+        """The runner of `launch verify`'s split: None, the one its config chooses; itself where
+        the split runs on the job's nodes, already met (cluster=torchrun)."""
         return None
 
     @abstractmethod

@@ -36,7 +36,7 @@ from launcher.exit_codes import COMPLETE_HELD
 from launcher.logs import get_logger
 from launcher.rundir import SUMMARY_FILE, heartbeat_file, heartbeat_files
 from launcher.runners.hang_ranks import Rank, attempt_beats, rank_of, read_beat
-from launcher.tracking.run_end import last_logged_step, write_hung_summary
+from launcher.tracking.run_end import blamed_elsewhere, last_logged_step, write_hung_summary
 from launcher.userpath.own import replace_own
 from launcher.worker.heartbeat import EXIT_PHASE
 
@@ -204,7 +204,11 @@ def hang_exit_line(hangs: list[dict[str, Any]], code: int, run_dir: Path | None)
     """The last line of a job the watchdog ended with no restart left."""
     last = hangs[-1]
     ranks = ", ".join(str(r) for r in last["ranks"])
+    named = None if ranks or run_dir is None else blamed_elsewhere(run_dir, last)
     who = f"rank {ranks}" if ranks else "a rank on another node"
+    if named is not None:  # this node's ranks only waited: the node of the rank named it
+        hosts = ", ".join(named.get("hosts") or ["another node"])
+        who = f"rank {', '.join(str(r) for r in named['ranks'])} on {hosts}, named by its node"
     return (
         f"the job hung ({who}, train.hang_timeout={last['hang_timeout']:g} s) and no "
         f"restart was left: exit {code}. Report: {last['report']}; {rerun(run_dir)}."

@@ -43,6 +43,7 @@ from launcher.runners.seats import (
     describe_node,
     free_port,
     is_this_machine,
+    port_answers,
 )
 
 T = TypeVar("T")
@@ -81,15 +82,15 @@ class OtherJob(ConfigError):
 class Meeting:
     """This node's seat at the meeting; `hosts`: it is node 0 (it holds the store)."""
 
-    def __init__(self, rdzv: NodeRendezvous, store: TCPStore, hosts: bool) -> None:
-        self.rdzv, self.store, self.hosts = rdzv, store, hosts
-        self.deadline = time.monotonic() + rdzv.timeout
+    def __init__(self, rdzv: NodeRendezvous, store: TCPStore, hosts: bool, deadline: float) -> None:
+        self.rdzv, self.store, self.hosts, self.deadline = rdzv, store, hosts, deadline
         self.seat: int | None = None
         self.beat: Beat | None = None
         self.met = False
 
     @classmethod
     def open(cls, rdzv: NodeRendezvous) -> Meeting:
+        deadline = time.monotonic() + rdzv.timeout  # reaching node 0's store counts too
         timeout = timedelta(seconds=rdzv.timeout)
         if rdzv.node_rank == 0 or (rdzv.node_rank is None and is_this_machine(rdzv.host)):
             try:
@@ -101,7 +102,7 @@ class Meeting:
                     wait_for_workers=False,
                     timeout=timeout,
                 )
-                return cls(rdzv, store, hosts=True)
+                return cls(rdzv, store, hosts=True, deadline=deadline)
             except RuntimeError as exc:
                 if rdzv.node_rank == 0 and not is_this_machine(rdzv.host):
                     raise ConfigError(
@@ -121,7 +122,9 @@ class Meeting:
                         "choose a free port, the same on every node, e.g. "
                         f"cluster.rdzv_endpoint={rdzv.host}:{free_port()}.",
                     ) from None
-        try:
+        try:  # torch's own connect waits about twice its timeout, with C++ stacks: poll first
+            if not port_answers(rdzv.host, rdzv.port, deadline):
+                raise RuntimeError
             store = TCPStore(rdzv.host, rdzv.port, is_master=False, timeout=timeout)
         except RuntimeError:
             raise RendezvousFailed(
@@ -130,7 +133,7 @@ class Meeting:
                 "command, check that the address is right and its port open to this node, or "
                 "raise cluster.rdzv_timeout."
             ) from None
-        return cls(rdzv, store, hosts=False)
+        return cls(rdzv, store, hosts=False, deadline=deadline)
 
     def __enter__(self) -> Meeting:
         return self

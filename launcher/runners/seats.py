@@ -43,6 +43,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_answers(host: str, port: int, deadline: float) -> bool:
+    """Whether something accepts connections at host:port before `deadline` (time.monotonic)."""
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(1.0, left))):
+                return True
+        except OSError:
+            if left <= 0:
+                return False
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+
 def is_this_machine(host: str) -> bool:
     """Whether `host` names an address of this machine (loopback included)."""
     try:

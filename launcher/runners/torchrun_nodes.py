@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from launcher.plan import Plan
     from launcher.runners.meeting import Meeting
 
+KEEP_ALIVE_ATTEMPTS = 3
+"""A node whose agent misses this many keep-alives in a row is gone (torchrun's default)."""
 NODE_ONLY_KEYS = (
     "cluster.node_rank=",
     "+cluster.node_rank=",
@@ -66,9 +68,13 @@ def node_argv(
     the arguments it is not given)."""
     from launcher.runners.agent import handles_signals_option
 
-    parallel = cfg.parallel
+    parallel, cluster = cfg.parallel, cfg.cluster
     nnodes = f"{rdzv.least_nodes}:{rdzv.nodes}" if parallel.elastic else str(rdzv.nodes)
-    conf = f"is_host={'true' if hosts else 'false'},join_timeout={rdzv.timeout}"
+    conf = (
+        f"is_host={'true' if hosts else 'false'},join_timeout={rdzv.timeout},"
+        f"last_call_timeout={cluster.rdzv_last_call},keep_alive_interval={cluster.rdzv_keep_alive},"
+        f"keep_alive_max_attempt={KEEP_ALIVE_ATTEMPTS}"
+    )
     local_addr = os.environ.get("PET_LOCAL_ADDR", "").strip()
     return [
         TORCHRUN,
@@ -89,9 +95,9 @@ def node_argv(
     ]
 
 
-def every_node_command(run_dir: Path) -> str:
-    """`launch train` with this launch's overrides (as Hydra parsed them) less a node's own, and the
-    run directory: the one command every node runs."""
+def every_node_command(run_dir: Path, command: str = "train") -> str:
+    """`launch <command>` with this launch's overrides (as Hydra parsed them) less a node's own, and
+    the run directory: the one command every node runs."""
     from hydra.core.hydra_config import HydraConfig
 
     try:
@@ -99,13 +105,14 @@ def every_node_command(run_dir: Path) -> str:
     except ValueError:  # called outside a Hydra job (a test calling train_command)
         overrides = []
     kept = [str(o) for o in overrides if not str(o).startswith(NODE_ONLY_KEYS)]
-    return shlex.join(["launch", "train", *kept, f"hydra.run.dir={run_dir.resolve()}"])
+    return shlex.join(["launch", command, *kept, f"hydra.run.dir={run_dir.resolve()}"])
 
 
-def nodes_text(run_dir: Path, rdzv: NodeRendezvous) -> str:
+def nodes_text(run_dir: Path, rdzv: NodeRendezvous, command: str = "train") -> str:
     """nodes.txt: the command every node runs and where each rendezvous value came from."""
     values = {
         "parallel.nodes": str(rdzv.nodes),
+        **({"parallel.min_nodes": str(rdzv.least_nodes)} if rdzv.least_nodes < rdzv.nodes else {}),
         "cluster.rdzv_endpoint": rdzv.endpoint,
         "cluster.rdzv_id": rdzv.rdzv_id,
         "cluster.node_rank": "-" if rdzv.node_rank is None else str(rdzv.node_rank),
@@ -113,7 +120,7 @@ def nodes_text(run_dir: Path, rdzv: NodeRendezvous) -> str:
     lines = [
         "# cluster=torchrun: run this same command on every node (each node's rank, if any,",
         "# from its environment or cluster.node_rank=R); node 0 hosts the rendezvous:",
-        every_node_command(run_dir),
+        every_node_command(run_dir, command),
         "# the rendezvous values as node 0 read them, and where each came from:",
         *(f"{key:<22} {value:<24} {rdzv.sources[key]}" for key, value in values.items()),
     ]
@@ -125,29 +132,26 @@ class TorchrunNodesRunner(LocalRunner):
 
     def __init__(self) -> None:
         self.rendezvous: NodeRendezvous | None = None
+        self.job_dir: Path | None = None  # the run directory every node names (not verify's split)
         self.meeting: Meeting | None = None
         self.first_node = True
 
     def _rdzv(self) -> NodeRendezvous:
         if self.rendezvous is None:
-            raise ConfigError(
-                "cluster",
-                "`launch verify` does not join nodes under cluster=torchrun.",
-                "certify the same split on one machine: the same overrides with cluster=local "
-                "parallel.nodes=1.",
-            )
+            raise RuntimeError("cluster=torchrun: the rendezvous is resolved first (resolve())")
         return self.rendezvous
 
     def resolve(self, cfg: RootConfig, run_dir: Path) -> RootConfig:
         if cfg.verify.first:
             raise ConfigError(
                 ["verify.first", "cluster"],
-                "verify.first certifies the split before training, and `launch verify` does not "
-                "join nodes under cluster=torchrun.",
-                "set verify.first=false, and certify the same split on one machine first: "
-                "`launch verify` with the same overrides and cluster=local parallel.nodes=1.",
+                "verify.first certifies the split before training, which cluster=torchrun's "
+                "nodes do not do in one command.",
+                "set verify.first=false, and certify the split first: `launch verify` with the "
+                "same overrides on every node (docs/multinode.md).",
             )
         cfg, self.rendezvous = resolve_rendezvous(cfg, run_dir, os.environ)
+        self.job_dir = run_dir
         return cfg
 
     def claim_run_dir(self, cfg: RootConfig, dry_run: bool) -> bool:
@@ -172,7 +176,11 @@ class TorchrunNodesRunner(LocalRunner):
         return environment_additions(cfg)
 
     def files(self, cfg: RootConfig, run_dir: Path) -> dict[str, str]:
-        return {NODES_FILE: nodes_text(run_dir, self._rdzv())}
+        job_dir = self.job_dir or run_dir
+        return {NODES_FILE: nodes_text(job_dir, self._rdzv(), self.launch_command)}
+
+    def verify_runner(self) -> TorchrunNodesRunner:
+        return self  # the split runs on the job's nodes, met at launch verify's start
 
     def run(self, cfg: RootConfig, run_dir: Path, plan: Plan) -> int:
         from torch.distributed.elastic.rendezvous.api import RendezvousError

@@ -40,6 +40,15 @@ def last_logged_step(run_dir: Path) -> int:
     return last
 
 
+def blamed_elsewhere(
+    run_dir: Path, hang: dict[str, Any], events: list[dict[str, Any]] | None = None
+) -> dict[str, Any] | None:
+    """Another node's record of the same hang that names the rank (this node's ranks only
+    waited for it), or None."""
+    found = read_events(run_dir) if events is None else events
+    return blamed_hang(found, float(hang.get("time", 0)), SAME_HANG_S)
+
+
 def write_hung_summary(
     run_dir: Path, hang: dict[str, Any], exit_status: int, status: str = HUNG_STATUS
 ) -> dict[str, Any]:
@@ -49,7 +58,7 @@ def write_hung_summary(
     whose work was complete and saved (launcher/runners/held.py)."""
     events = read_events(run_dir)
     if not hang.get("ranks"):
-        hang = blamed_hang(events, float(hang.get("time", 0)), SAME_HANG_S) or hang
+        hang = blamed_elsewhere(run_dir, hang, events) or hang
     values = {
         "steps": last_logged_step(run_dir),
         # The contract's keys of a completed run; no rank lived to measure them.

@@ -57,35 +57,45 @@ def verify_command(cfg: RootConfig, run_dir: Path) -> int:
     refuse_training_run(run_dir)
     lock = RunLock(run_dir)
     try:
-        cfg, runner, plan = prepare_run(cfg, run_dir, lock, dry_run=True)
-        log.info(f"verify: the run to certify\n{plan.describe()}")
+        cfg, runner, plan = prepare_run(cfg, run_dir, lock, dry_run=True, verifying=True)
+        if runner.first_node:
+            log.info(f"verify: the run to certify\n{plan.describe()}")
         submitted = runner.submit_verify(cfg, run_dir)  # SLURM: verify.sbatch, in the allocation
-        return verify_split(cfg, run_dir) if submitted is None else submitted
+        if submitted is not None:
+            return submitted
+        return verify_split(cfg, run_dir, runner.verify_runner())
     finally:
         lock.release()
 
 
-def verify_split(cfg: RootConfig, run_dir: Path) -> int:
-    """Run the configured split on this machine (in-process or torchrun), then certify it."""
+def verify_split(cfg: RootConfig, run_dir: Path, runner: Runner | None = None) -> int:
+    """Run the configured split from this machine (in-process, torchrun, or this node's part of a
+    cluster=torchrun job: `runner`), then certify it (on node 0)."""
     split_cfg = split_config(cfg)
     split_dir = run_dir / VERIFY_DIR / SPLIT_DIR
+    runner = runner or runner_for(split_cfg)
     log.info(f"verify: the configured split, {split_cfg.train.steps} steps ({split_dir})")
-    code = run_planned(split_cfg, split_dir, runner_for(split_cfg))
+    code = run_planned(split_cfg, split_dir, runner)
     if code:
         log.error(f"verify: the configured split failed (exit status {code}); not certified.")
         return code
+    if not runner.first_node:
+        log.info("verify: this node's part of the split is done; node 0 certifies it (verify.json)")
+        return 0
     return certify(cfg, run_dir)
 
 
 def run_planned(cfg: RootConfig, out_dir: Path, runner: Runner, plan: Plan | None = None) -> int:
-    """Plan and run one verified run with `runner` (the verify worker on every rank)."""
+    """Plan and run one verified run with `runner` (the verify worker on every rank); the run's
+    files are written by the node that prepares its directory (cluster=torchrun: node 0)."""
     runner.worker = WORKER
     if plan is None:
         cfg = check_environment(cfg, runner)
         plan = build_plan(cfg, out_dir, runner)
     cfg = plan.config or cfg  # batch.micro_size=auto, ac=auto: what the ranks run
-    write_run_files(cfg, out_dir, plan)
-    clear_results(out_dir)
+    if runner.first_node:
+        write_run_files(cfg, out_dir, plan)
+        clear_results(out_dir)
     return runner.run(cfg, out_dir, plan)
 
 

@@ -120,3 +120,30 @@ def test_the_plans_command_quotes_a_run_directory_with_a_space(tmp_path: Path) -
     run_dir = tmp_path / "sp ace"
     proc = run_launch(["plan", "cluster=torchrun", *NODES, ENDPOINT], run_dir)
     assert f"'--log-dir={run_dir}/.torchelastic/" in proc.stdout, proc.stdout
+
+
+def test_pet_nnodes_min_max_is_an_elastic_job_of_min_to_max_nodes(tmp_path: Path) -> None:
+    """PET_NNODES=1:2 (a PyTorchJob's elastic policy) is torchrun's 1 to 2 nodes: the plan asks
+    torchrun for the range, with an elastic job's restarts, and says where it came from."""
+    env = {"PET_NNODES": "1:2", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": "29400"}
+    args = ["plan", "cluster=torchrun", "parallel.dp=2", "batch.micro_size=4"]
+    run_dir = tmp_path / "run"
+    proc = run_launch(args, run_dir, env=env)
+    assert "torchrun --nnodes=1:2 --nproc_per_node=1 --rdzv_backend=c10d" in proc.stdout
+    assert "--max_restarts=3" in proc.stdout  # the elastic default, not a fixed job's 0
+    lines = (run_dir / "nodes.txt").read_text().splitlines()
+    sources = {line.split()[0]: line.split(None, 2)[1:] for line in lines[4:]}
+    assert sources["parallel.nodes"] == ["2", "PET_NNODES=1:2"]
+    assert sources["parallel.min_nodes"] == ["1", "PET_NNODES=1:2"]
+
+    # a config that says otherwise is one error naming both; each of its fixes plans
+    fixed = [*args[1:], "parallel.nodes=2", "parallel.min_nodes=2"]
+    refused = run_launch(["plan", *fixed], tmp_path / "refused", env=env, check=False)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    message = next(ln for ln in refused.stderr.splitlines() if "Fix:" in ln)
+    assert message.startswith("error: parallel.min_nodes, PET_NNODES:"), message
+    assert "parallel.min_nodes=2, but PET_NNODES=1:2" in message
+    assert "start the nodes with PET_NNODES=2:2" in message
+    (overrides,) = groups(message)
+    run_launch(["plan", *applied(fixed, overrides)], tmp_path / "fixed", env=env)
+    run_launch(["plan", *fixed], tmp_path / "env_fixed", env={**env, "PET_NNODES": "2:2"})

@@ -89,6 +89,36 @@ def test_a_disagreement_names_both() -> None:
     assert "parallel.dp=2" in info.value.fix
 
 
+def test_pet_nnodes_min_max_is_an_elastic_job_with_its_restarts() -> None:
+    env = {**KUBEFLOW, "PET_NNODES": "1:2"}
+    cfg, rdzv = resolve_rendezvous(torchrun({"dp": 2}), RUN, env)
+    assert (cfg.parallel.nodes, cfg.parallel.min_nodes, cfg.parallel.elastic) == (2, 1, True)
+    assert (rdzv.nodes, rdzv.least_nodes) == (2, 1)
+    assert cfg.restarts == 3  # an elastic job's default, not the fixed job's 0
+    assert rdzv.sources["parallel.min_nodes"] == "PET_NNODES=1:2"
+    explicit = torchrun({"dp": 2}, rdzv_endpoint="h:1")
+    explicit.train.max_restarts = 5  # as if given: kept
+    cfg, _ = resolve_rendezvous(explicit, RUN, {"PET_NNODES": "1:2"})
+    assert cfg.restarts == 5
+    same, _ = resolve_rendezvous(torchrun({"dp": 2}), RUN, {**KUBEFLOW, "PET_NNODES": "2:2"})
+    assert not same.parallel.elastic and same.restarts == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "config", "words"),
+    [
+        ("1:2", {"dp": 2, "nodes": 2, "min_nodes": 2}, "parallel.min_nodes=2, but PET_NNODES=1:2"),
+        ("3:2", {"dp": 2}, "PET_NNODES=3:2 in this node's environment is not MIN:MAX"),
+        ("0:2", {"dp": 2}, "is not MIN:MAX"),
+        ("1:x", {"dp": 2}, "'1:x'"),
+    ],
+)
+def test_a_bad_or_disagreeing_node_range_is_refused(env: str, config: dict, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_rendezvous(torchrun(config), RUN, {**KUBEFLOW, "PET_NNODES": env})
+    assert words in str(info.value) and info.value.fix
+
+
 @pytest.mark.parametrize(
     ("cluster", "env", "key", "words"),
     [
@@ -114,6 +144,8 @@ def test_missing_or_bad_values(cluster: dict, env: dict, key: str, words: str) -
         ({"rdzv_id": "a b"}, "cluster.rdzv_id"),
         ({"node_rank": -1}, "cluster.node_rank"),
         ({"rdzv_timeout": 0}, "cluster.rdzv_timeout"),
+        ({"rdzv_last_call": 0}, "cluster.rdzv_last_call"),
+        ({"rdzv_keep_alive": -1}, "cluster.rdzv_keep_alive"),
     ],
 )
 def test_bad_keys_are_refused_where_defined(cluster: dict, key: str) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 
 from launcher.checkpoint.files import MARKER, META, find_checkpoints, manifest
+from launcher.events import record_event
 from launcher.rundir import heartbeat_file
 from launcher.runners.agent import RankFailure
 from launcher.runners.hang_ranks import Rank
@@ -151,6 +152,15 @@ def test_a_hung_job_without_a_checkpoint_is_not_said_to_resume(tmp_path: Path) -
     assert find_checkpoints(tmp_path, warn=False, verify=False)
     line = hang_exit_line(hangs, 76, tmp_path)
     assert "a rerun resumes from the last complete checkpoint" in line
+
+
+def test_a_node_whose_ranks_only_waited_names_the_rank_another_node_named(tmp_path: Path) -> None:
+    mine = record_event(tmp_path, "hang", ranks=[], hosts=[], hang_timeout=TIMEOUT, report="r")
+    line = hang_exit_line([mine], 76, tmp_path)
+    assert "the job hung (a rank on another node," in line  # none named it (yet)
+    record_event(tmp_path, "hang", ranks=[1], hosts=["node-b"], hang_timeout=TIMEOUT, report="r")
+    line = hang_exit_line([mine], 76, tmp_path)
+    assert "the job hung (rank 1 on node-b, named by its node, train.hang_timeout=" in line
 
 
 def test_a_rank_killed_after_the_work_was_saved_leaves_it_complete(tmp_path: Path) -> None:

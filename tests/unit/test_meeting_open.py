@@ -1,0 +1,47 @@
+"""A node's first wait at cluster=torchrun's meeting (launcher/runners/meeting.py): reaching
+node 0's store. Where none answers, one line names the endpoint, with no C++ stack from torch's
+TCPStore (whose own connect also waits about twice its timeout); a node 0 that comes late is
+reached."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from launcher.config.rendezvous import NodeRendezvous
+from launcher.runners.meeting import Meeting, RendezvousFailed
+from launcher.runners.seats import free_port
+
+
+def rendezvous(port: int, node_rank: int) -> NodeRendezvous:
+    return NodeRendezvous(
+        host="127.0.0.1", port=port, rdzv_id="job", nodes=2, least_nodes=2,
+        node_rank=node_rank, timeout=2,
+    )  # fmt: skip
+
+
+def test_no_node_0_is_one_line_without_torchs_stack(capfd: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    with pytest.raises(RendezvousFailed) as info:
+        Meeting.open(rendezvous(port, 1))
+    assert f"no node 0 answered at 127.0.0.1:{port} within 2 s" in str(info.value)
+    _, err = capfd.readouterr()
+    assert "TCPStore" not in err and "frame #" not in err, err
+
+
+def test_node_0_that_comes_late_is_reached() -> None:
+    port = free_port()
+    hosts: list[Meeting] = []
+
+    def node_0() -> None:
+        time.sleep(0.5)  # the other node is waiting already
+        hosts.append(Meeting.open(rendezvous(port, 0)))
+
+    thread = threading.Thread(target=node_0)
+    thread.start()
+    node_1 = Meeting.open(rendezvous(port, 1))
+    thread.join()
+    node_1.store.set("said", "hello")
+    assert hosts[0].store.get("said") == b"hello"
