@@ -165,7 +165,6 @@ def _check_features(cfg: RootConfig) -> None:
         (cfg.train.precision != Precision.fp32, "train.precision", "set train.precision=fp32"),
         (cfg.checkpoint.async_, "checkpoint.async", "set checkpoint.async=false"),
         (bool(cfg.eval.harness.every), "eval.harness.every", "set eval.harness.every=0"),
-        (cfg.verify.first, "verify.first", "set verify.first=false"),
         (cfg.debug.broken_tp_count, "debug.broken_tp_count", "drop debug.broken_tp_count"),
     ]
     for on, key, fix in refused:

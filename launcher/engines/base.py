@@ -158,6 +158,8 @@ class TorchOptimizerEngine(Engine):
 
     def step(self) -> torch.Tensor:
         self.scaler.unscale_(self.optimizer)
+        if self.pipeline is not None:  # the tied weight's two copies: one gradient
+            self.pipeline.sync()
         norm = self.clip_gradients()
         self.scaler.step(self.optimizer)  # fp16 only: reads found_inf on the host
         self.scaler.update()

@@ -55,9 +55,8 @@ class PipelineGradients:
 
     @torch.no_grad()
     def clip(self, max_norm: float) -> torch.Tensor:
-        """Sum the tied gradients, scale every gradient so the whole model's norm is at most
-        max_norm (math.inf: measure only); the norm before clipping. Collective over the job."""
-        self.sync()
+        """Scale every gradient so the whole model's norm is at most max_norm (math.inf: measure
+        only); the norm before clipping. Collective over the job; after `sync`."""
         stage = total_grad_norm(self.counted)  # over this stage's data-parallel shards
         square = stage.square().to(torch.float64)
         dist.all_reduce(square, group=self.pp_group)

@@ -6,6 +6,7 @@ pp and goes on exactly."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,19 @@ def test_a_pp2_checkpoint_resumes_on_dp2_without_pp(
     assert max_rel_diff(ours["loss"][4:], theirs["loss"][4:]) < 1e-5
     assert max_rel_diff(ours["grad_norm"][4:], theirs["grad_norm"][4:]) < 1e-5
     assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_launch_verify_certifies_pp2_and_rejects_the_broken_control(tmp_path: Path) -> None:
+    """Every stage's step-1 gradients (the tied weight summed over its two copies) against one
+    process's; the per-micro-batch mean inside the schedule is not certified (exit 1)."""
+    args = ["verify", *FAST, "batch.global_size=8", "parallel.pp=2", "batch.grad_accum=2"]
+    proc = run_launch(args, tmp_path / "exact")
+    certificate = json.loads((tmp_path / "exact" / "verify.json").read_text())
+    assert certificate["certified"], proc.stdout
+    assert certificate["split"]["pp"] == 2
+    assert "dp1 x pp2 x acc2 x micro4" in proc.stdout
+    broken = run_launch(
+        [*args, "debug.broken_normalization=true"], tmp_path / "broken", check=False
+    )
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert not json.loads((tmp_path / "broken" / "verify.json").read_text())["certified"]
