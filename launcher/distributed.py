@@ -17,8 +17,9 @@ from launcher.errors import ConfigError, EnvironmentProblem
 
 @dataclass(frozen=True)
 class DistContext:
-    """One rank's place in the job. The ranks form a (dp, tp) mesh, tp innermost: rank =
-    dp_rank x tp + tp_rank, so a tensor-parallel group is consecutive ranks (one node)."""
+    """One rank's place in the job. The ranks form a (pp, dp, tp) mesh, tp innermost and pp
+    outermost: rank = (pp_rank x dp + dp_rank) x tp + tp_rank, so a tensor-parallel group is
+    consecutive ranks (one node) and a pipeline's stages may sit on different nodes."""
 
     rank: int
     world_size: int
@@ -28,7 +29,9 @@ class DistContext:
     """Ranks of one tensor-parallel group (parallel.tp)."""
     mesh: Any = None
     """The job's DeviceMesh with named dimensions (launcher/parallel/mesh.py), built once in the
-    worker when tp > 1; None otherwise (the engines' own data-parallel groups)."""
+    worker when tp > 1 or pp > 1; None otherwise (the engines' own data-parallel groups)."""
+    pp: int = 1
+    """Pipeline stages' ranks (parallel.pp)."""
 
     @property
     def is_main(self) -> bool:
@@ -37,12 +40,17 @@ class DistContext:
     @property
     def dp_size(self) -> int:
         """Data-parallel ranks: distinct micro-batch streams."""
-        return self.world_size // self.tp
+        return self.world_size // (self.tp * self.pp)
 
     @property
     def dp_rank(self) -> int:
-        """Which micro-batch stream this rank trains (tp peers share one)."""
-        return self.rank // self.tp
+        """Which micro-batch stream this rank trains (tp peers and pp stages share one)."""
+        return (self.rank // self.tp) % self.dp_size
+
+    @property
+    def pp_rank(self) -> int:
+        """Which pipeline rank this is (0 holds the first stage)."""
+        return self.rank // (self.world_size // self.pp)
 
     @property
     def tp_rank(self) -> int:
@@ -51,8 +59,9 @@ class DistContext:
     @property
     def counts_tokens(self) -> bool:
         """Whether this rank's tokens enter the step's counts and loss sums: one rank of each
-        tensor-parallel group (its peers hold the same micro-batches)."""
-        return self.tp_rank == 0
+        tensor-parallel group (its peers hold the same micro-batches), on the pipeline's last
+        rank (the one that computes the loss)."""
+        return self.tp_rank == 0 and self.pp_rank == self.pp - 1
 
 
 def pick_device(requested: str, local_rank: int) -> torch.device:
@@ -94,17 +103,18 @@ def init_distributed(requested_device: str, timeout_s: float = 600.0) -> DistCon
     return DistContext(rank, world, local_rank, device)
 
 
-def check_world_size(ctx: DistContext, dp: int, nodes: int, tp: int = 1) -> None:
+def check_world_size(ctx: DistContext, dp: int, nodes: int, tp: int = 1, pp: int = 1) -> None:
     """The runtime layer of validation: the job must have the ranks the config's batch split
     assumes.
 
     (The sampler slices each global batch into dp parts; with fewer ranks, parts would go
     untrained.)
     """
-    if ctx.world_size != dp * tp:
-        layout = f"dp={dp} x tp={tp}" if tp > 1 else f"dp={dp}"
+    if ctx.world_size != dp * tp * pp:
+        layout = f"dp={dp}" + "".join(f" x {k}={v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1)
+        extra = [k for k, v in (("parallel.tp", tp), ("parallel.pp", pp)) if v > 1]
         raise ConfigError(
-            ["parallel.dp", "parallel.nodes", "parallel.tp"][: 3 if tp > 1 else 2],
+            ["parallel.dp", "parallel.nodes", *extra],
             f"this job has {ctx.world_size} rank(s), but the config asks for {layout} on {nodes} "
             "node(s).",
             "start it with `launch train` (which sizes torchrun and sbatch from the config), or "

@@ -15,6 +15,7 @@ from typing import Any
 
 from launcher.config.adapter import AdapterConfig
 from launcher.config.load import to_plain
+from launcher.config.pipeline import bubble, describe_stages, pipeline_lines
 from launcher.config.root import RootConfig
 from launcher.data.build import model_vocab
 from launcher.data.vocab import vocab_source
@@ -35,6 +36,19 @@ def model_info(cfg: RootConfig) -> ModelInfo:
     """Every model check of the plan (launcher/models/probe.py), with the engine's own reason to
     need the model's blocks."""
     return inspect_model(cfg, engine_spec(cfg.engine.name).needs_blocks(cfg))
+
+
+def pipeline_plan(cfg: RootConfig, grad_accum: int) -> dict[str, Any] | None:
+    """plan.json's `pipeline` (pp > 1): the schedule, its bubble, each stage's rank and blocks."""
+    pp, schedule = cfg.parallel.pp, cfg.parallel.pp_schedule
+    if pp == 1:
+        return None
+    n_blocks = getattr(cfg.model, "n_layer", 0)  # the config allows the built-in GPT only
+    return {
+        "schedule": schedule,
+        "bubble": round(bubble(pp, grad_accum, schedule), 4),
+        "stages": describe_stages(pp, schedule, n_blocks),
+    }
 
 
 def count_parameters(cfg: RootConfig) -> int:
@@ -96,6 +110,10 @@ class Plan:
     tp: int = 1
     """Ranks of one tensor-parallel group (world = dp x tp)."""
     sequence_parallel: bool = False
+    pp: int = 1
+    """Pipeline stages' ranks (world = dp x tp x pp)."""
+    pipeline: dict[str, Any] | None = None
+    """pp > 1: the schedule, its bubble and each stage's pp rank and blocks; None otherwise."""
     config: RootConfig | None = None
     """The resolved config the ranks run (auto choices made); not in plan.json."""
 
@@ -108,8 +126,17 @@ class Plan:
         data.pop("config")
         if data["full_finetune"] is None:  # adapter=none: nothing to set beside it
             data.pop("full_finetune")
+        if data["pipeline"] is None:  # pp=1: no stages to name
+            data.pop("pipeline")
         data["files"] = list(self.files)
         return data
+
+    def _pipeline_lines(self) -> list[str]:
+        if self.pipeline is None:
+            return []
+        stages = self.pipeline["stages"]
+        n_blocks = sum(len(s["blocks"]) for s in stages)
+        return pipeline_lines(self.pp, self.pipeline["schedule"], n_blocks, self.grad_accum)
 
     def describe(self) -> str:
         stage = f" (ZeRO stage {self.zero_stage})" if self.zero_stage is not None else ""
@@ -117,6 +144,7 @@ class Plan:
             f"world       {self.world_size} rank(s) on {self.nodes} node(s), {self.ranks_per_node} "
             "per node",
             *mesh_lines(self.dp, self.tp, self.sequence_parallel),
+            *self._pipeline_lines(),
             f"batch       {self.global_size} sequences/step = dp {self.dp} x grad_accum "
             f"{self.grad_accum} x micro {self.micro_size}",
             f"tokens/step {self.tokens_per_step:,} positions ({self.global_size} x seq_len "
@@ -253,6 +281,8 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
         dp=split.dp,
         tp=cfg.parallel.tp,
         sequence_parallel=cfg.parallel.sequence_sharded,
+        pp=cfg.parallel.pp,
+        pipeline=pipeline_plan(cfg, split.grad_accum),
         nodes=cfg.parallel.nodes,
         ranks_per_node=cfg.parallel.ranks_per_node,
         global_size=split.global_size,

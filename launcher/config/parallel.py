@@ -19,11 +19,11 @@ else:  # OmegaConf 2.3 has no unions: an open node, checked in BatchConfig.__pos
 
 @dataclass
 class ParallelConfig:
-    """The device mesh: data-parallel x tensor-parallel ranks, over how many nodes."""
+    """The device mesh: pipeline x data-parallel x tensor-parallel ranks, over how many nodes."""
 
     dp: int = 1
-    """Data-parallel degree: distinct micro-batch streams. The world is dp x tp ranks; ranks per
-    node = dp x tp / nodes."""
+    """Data-parallel degree: distinct micro-batch streams. The world is dp x tp x pp ranks; ranks
+    per node = dp x tp x pp / nodes."""
     nodes: int = 1
     """Nodes to spread the ranks over; more than one needs cluster=slurm."""
     min_nodes: int | None = None
@@ -39,10 +39,17 @@ class ParallelConfig:
     sequence_parallel: bool | None = None
     """With tp > 1: norms and dropout on sequence shards between the tensor-parallel regions
     (less activation memory, the same numbers). null: true when tp > 1."""
+    pp: int = 1
+    """Pipeline parallelism: stages of consecutive blocks on pp ranks (the outermost dimension of
+    the mesh), fed the accumulation's micro-batches (docs/parallelism.md)."""
+    pp_schedule: str = "1f1b"
+    """With pp > 1: gpipe | 1f1b | interleaved_1f1b, the order the stages run the micro-batches
+    in (1f1b: at least pp micro-batches, batch.grad_accum >= pp)."""
 
     def __post_init__(self) -> None:
         require_positive("parallel.dp", self.dp)
         require_positive("parallel.tp", self.tp)
+        require_positive("parallel.pp", self.pp)
         require_positive("parallel.nodes", self.nodes)
         require_positive("parallel.replicate", self.replicate, allow_none=True)
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
@@ -58,7 +65,7 @@ class ParallelConfig:
                 "make parallel.replicate a divisor of parallel.dp (e.g. "
                 f"parallel.replicate={self.nodes if self.dp % self.nodes == 0 else 1}).",
             )
-        if self.tp > 1 and self.nodes > 1 and self.dp % self.nodes:
+        if self.tp > 1 and self.nodes > 1 and (self.dp * self.pp) % self.nodes:
             raise ConfigError(
                 ["parallel.tp", "parallel.dp", "parallel.nodes"],
                 f"dp={self.dp} x tp={self.tp} ranks over nodes={self.nodes} would put a "
@@ -70,15 +77,19 @@ class ParallelConfig:
         if self.world % self.nodes:
             raise ConfigError(
                 ["parallel.dp", "parallel.nodes"],
-                f"dp={self.dp} ranks do not split evenly over nodes={self.nodes}.",
+                f"{self._layout()} ranks do not split evenly over nodes={self.nodes}.",
                 "make parallel.dp a multiple of parallel.nodes (e.g. "
                 f"parallel.dp={self.nodes * max(1, self.dp // self.nodes)}).",
             )
 
     @property
     def world(self) -> int:
-        """Ranks in all: dp x tp."""
-        return self.dp * self.tp
+        """Ranks in all: dp x tp x pp."""
+        return self.dp * self.tp * self.pp
+
+    def _layout(self) -> str:
+        extra = "".join(f" x {k}={v}" for k, v in (("tp", self.tp), ("pp", self.pp)) if v > 1)
+        return f"dp={self.dp}{extra}"
 
     @property
     def sequence_sharded(self) -> bool:

@@ -16,6 +16,7 @@ from launcher.config.eval import EvalConfig
 from launcher.config.export import ExportConfig
 from launcher.config.model import AUTO, BYTE_VOCAB, AnyModelConfig, ModelConfig
 from launcher.config.parallel import BatchConfig, ParallelConfig
+from launcher.config.pipeline import check_pipeline
 from launcher.config.serve import ServeConfig
 from launcher.config.tensor_parallel import check_tensor_parallel
 from launcher.config.tracking import TrackingConfig
@@ -69,6 +70,7 @@ class RootConfig:
         self.split()  # raises on a batch split that does not multiply out
         self._check_vocab()
         check_tensor_parallel(self)
+        check_pipeline(self)
         local = self.cluster.name == ClusterKind.local
         if self.parallel.nodes > 1 and local and not self.parallel.elastic:
             raise ConfigError(

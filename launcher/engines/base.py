@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -15,6 +15,9 @@ from torch import nn
 
 from launcher.config.root import RootConfig
 from launcher.engines import precision
+
+if TYPE_CHECKING:
+    from launcher.parallel.pipeline_norm import PipelineGradients
 
 
 class Engine(ABC):
@@ -137,10 +140,15 @@ class TorchOptimizerEngine(Engine):
 
     tensor_parallel: bool = False
     """Parameters are DTensors on a tp mesh (parallel.tp > 1): the norm is combined per mesh."""
+    pipeline: PipelineGradients | None = None
+    """A pipeline stage (parallel.pp > 1): the tied weight summed across the stages, the norm
+    reduced over them (launcher/parallel/pipeline_norm.py)."""
 
     def clip_gradients(self) -> torch.Tensor:
         """Clip to optim.grad_clip; the gradient norm of the whole model, equal to one
         process's."""
+        if self.pipeline is not None:
+            return self.pipeline.clip(self.clip_norm)
         if self.tensor_parallel:  # clip_grad_norm_ refuses parameters on different meshes
             from launcher.parallel.norm import clip_by_total_norm
 
@@ -150,6 +158,8 @@ class TorchOptimizerEngine(Engine):
 
     def step(self) -> torch.Tensor:
         self.scaler.unscale_(self.optimizer)
+        if self.pipeline is not None:  # the tied weight's two copies: one gradient
+            self.pipeline.sync()
         norm = self.clip_gradients()
         self.scaler.step(self.optimizer)  # fp16 only: reads found_inf on the host
         self.scaler.update()

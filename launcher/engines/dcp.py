@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from launcher.adapters.apply import frozen_names
 from launcher.models.names import plain_name
+from launcher.parallel.pipeline_split import optimizer_aliases
 
 # What a DCP `.metadata` file may name: DCP's own index records, torch sizes, dtypes and layouts.
 _METADATA_CLASSES = {
@@ -115,19 +116,34 @@ class ModelAndOptimizer(Stateful):
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         frozen = self._frozen()  # an adapter run saves what trains, not its frozen base
         model_state = {k: v for k, v in model_state.items() if k not in frozen}
-        return {"model": model_state, "optim": optim_state}
+        aliases = optimizer_aliases(self.model)  # a pipeline's copy of a tied weight
+        return {"model": model_state, "optim": _renamed(optim_state, aliases)}
 
     def _frozen(self) -> set[str]:
         return {_plain(n) for n in frozen_names(self.model)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        back = {name: alias for alias, name in optimizer_aliases(self.model).items()}
         set_state_dict(
             self.model,
             self.optimizer,
             model_state_dict=state_dict["model"],
-            optim_state_dict=state_dict["optim"],
+            optim_state_dict=_renamed(state_dict["optim"], back),
             options=StateDictOptions(strict=not self._frozen()),
         )
+
+
+def _renamed(optim_state: Any, aliases: dict[str, str]) -> Any:
+    """An optimizer state dict (per-name state, per-group name lists) with names replaced."""
+    if not aliases:
+        return optim_state
+    return {
+        "state": {aliases.get(k, k): v for k, v in optim_state["state"].items()},
+        "param_groups": [
+            {**group, "params": [aliases.get(n, n) for n in group["params"]]}
+            for group in optim_state["param_groups"]
+        ],
+    }
 
 
 def save(directory: Path, state: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from launcher.engines import precision
 from launcher.engines.base import TorchOptimizerEngine
 from launcher.engines.optim import build_optimizer, build_scheduler
 from launcher.parallel.mesh import DP
+from launcher.parallel.pipeline_norm import pipeline_gradients
 
 
 class DDPEngine(TorchOptimizerEngine):
@@ -23,11 +24,12 @@ class DDPEngine(TorchOptimizerEngine):
         super().__init__(cfg)
         self.module = model.to(ctx.device)
         self._dp_group: dist.ProcessGroup | None = None
-        if ctx.tp > 1:
-            # Tensor parallel: the DTensor parameters stay whole (checkpoints, norms); the
-            # replicas' gradients are summed over the dp dimension once per step, in step().
+        if ctx.mesh is not None:
+            # Tensor parallel: the DTensor parameters stay whole (checkpoints, norms); a
+            # pipeline stage: its schedule runs the backward. Either way the replicas'
+            # gradients are summed over the dp dimension once per step, in step().
             self.model = self.module
-            self.tensor_parallel = True
+            self.tensor_parallel = ctx.tp > 1
             if ctx.dp_size > 1:
                 self._dp_group = ctx.mesh.get_group(DP)
         elif ctx.world_size > 1:
@@ -36,8 +38,9 @@ class DDPEngine(TorchOptimizerEngine):
         else:
             self.model = self.module  # one rank: nothing to synchronise
         # DDP averages gradients over ranks; the token-exact loss multiplies that back. Under
-        # tp the gradients are summed (grad_divisor 1).
-        self.grad_divisor = 1.0 if ctx.tp > 1 else float(ctx.world_size)
+        # tp or pp the gradients are summed (grad_divisor 1).
+        self.grad_divisor = 1.0 if ctx.mesh is not None else float(ctx.world_size)
+        self.pipeline = pipeline_gradients(self.module, ctx)
         self.optimizer = build_optimizer(self.module, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.train.steps, cfg.optim)
         fp16 = precision.needs_loss_scaling(cfg.train.precision)

@@ -42,6 +42,8 @@ from launcher.engines.fsdp_units import NEEDS_BLOCKS
 from launcher.engines.optim import build_optimizer, build_scheduler
 from launcher.models.blocks import require_blocks
 from launcher.parallel.mesh import data_parallel_mesh
+from launcher.parallel.pipeline_norm import pipeline_gradients
+from launcher.parallel.pipeline_split import stage_parts
 
 
 def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:
@@ -55,6 +57,10 @@ def shard_units(model: nn.Module, blocks_path: str | None = None) -> list[nn.Mod
     """The modules to wrap, innermost first: each repeated block, then the root. The blocks are
     found (launcher/models/blocks.py) or named by model.blocks; a model without them is refused
     rather than sharded as one unit (which would gather every parameter at once)."""
+    roots = stage_parts(model)  # a pipeline rank: each stage is a root (its schedule syncs it)
+    if roots[0] is not model:
+        blocks = [b for root in roots for b in require_blocks(root, None, NEEDS_BLOCKS).blocks]
+        return [*blocks, *roots]
     found = require_blocks(model, blocks_path, NEEDS_BLOCKS)
     return [*found.blocks, model]
 
@@ -62,7 +68,7 @@ def shard_units(model: nn.Module, blocks_path: str | None = None) -> list[nn.Mod
 def device_mesh(cfg: RootConfig, ctx: DistContext) -> DeviceMesh:
     """All ranks in one shard group, or (HSDP) `replicas` groups of consecutive ranks: a node's
     ranks are consecutive, so with one replica per node the shards stay on a node."""
-    if ctx.mesh is not None:  # tensor parallel: shard over the job mesh's dp dimension(s)
+    if ctx.mesh is not None:  # tp or pp: shard over the job mesh's dp dimension(s)
         return data_parallel_mesh(ctx.mesh)
     replicas = cfg.replicas()
     if replicas == 1:
@@ -91,6 +97,8 @@ class FSDPEngine(TorchOptimizerEngine):
         self.module = self.model = model
         self.grad_divisor = 1.0
         self.tensor_parallel = ctx.tp > 1
+        # A pipeline stage: its schedule drives FSDP's gradient sync (one reduce-scatter per step).
+        self.pipeline = pipeline_gradients(self.module, ctx)
         if self.tensor_parallel:  # the gathered logits are a view; the loss never writes them
             warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view")
         # Built after sharding, so AdamW holds (and steps) only this rank's shards.

@@ -95,7 +95,7 @@ def plan_memory(
     micro_size: int,
 ) -> MemoryPlan:
     cfg = at_micro_size(cfg, micro_size)
-    shards = activation_divisor(cfg)  # tensor and sequence parallel: a rank's share
+    shards = activation_divisor(cfg)  # tensor, sequence and pipeline parallel: a rank's share
     parts = {**state_parts(cfg, shape), "activations": activations.peak(micro_size) // shards}
     host = host_parts(cfg, shape)
     return MemoryPlan(

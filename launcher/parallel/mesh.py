@@ -2,8 +2,9 @@
 
 Ranks are laid out (dp, tp), tp innermost: a tensor-parallel group is consecutive ranks, so it
 stays on one node (the config refuses a layout that would not). With FSDP2's hybrid sharding
-(parallel.replicate=R) the data-parallel dimension is two: ("dp_replicate", "dp_shard", "tp"). A
-pipeline dimension (issue 45) goes outermost: ("pp", "dp", "tp").
+(parallel.replicate=R) the data-parallel dimension is two: ("dp_replicate", "dp_shard", "tp").
+Pipeline stages (parallel.pp > 1) are the outermost dimension: ("pp", "dp", "tp"), so a stage's
+data-parallel and tensor-parallel peers are consecutive ranks and the stages may cross nodes.
 """
 
 from __future__ import annotations
@@ -19,14 +20,23 @@ DP = "dp"
 TP = "tp"
 """Tensor-parallel: the ranks that split every layer and share micro-batches."""
 MESH_DIMS = (DP, TP)
+PP = "pp"
+"""Pipeline: the ranks that hold consecutive stages of one model and pass activations on."""
 DP_REPLICATE, DP_SHARD = "dp_replicate", "dp_shard"
 """Hybrid sharding: the replica groups, and the ranks one group shards over."""
 
 
-def with_mesh(ctx: DistContext, tp: int, replicas: int = 1) -> DistContext:
+def with_mesh(ctx: DistContext, tp: int, replicas: int = 1, pp: int = 1) -> DistContext:
     """This rank's context on the (dp, tp) mesh (dp split into replicas x shards under hybrid
-    sharding); unchanged (no mesh, nothing imported) at tp=1. Collective: every rank calls it
-    once, after the process group is up."""
+    sharding), or the (pp, dp, tp) mesh with pipeline stages; unchanged (no mesh, nothing
+    imported) at tp=1 and pp=1. Collective: every rank calls it once, after the process group is
+    up."""
+    if pp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        dp = ctx.world_size // (tp * pp)
+        mesh = init_device_mesh(ctx.device.type, (pp, dp, tp), mesh_dim_names=(PP, DP, TP))
+        return dataclasses.replace(ctx, tp=tp, pp=pp, mesh=mesh)
     if tp == 1:
         return ctx
     from torch.distributed.device_mesh import init_device_mesh

@@ -38,9 +38,10 @@ def warn_node_environment(cfg: RootConfig) -> None:
     hint = f" parallel.nodes={nodes}" if nodes.isdigit() and int(nodes) > 1 else ""
     per_node = os.environ.get("PET_NPROC_PER_NODE", "").strip()
     if hint and per_node.isdigit() and int(per_node) > 0:
-        ranks = int(nodes) * int(per_node)  # dp x tp in all
-        if ranks % cfg.parallel.tp == 0:
-            hint += f" parallel.dp={ranks // cfg.parallel.tp}"
+        ranks = int(nodes) * int(per_node)  # dp x tp x pp in all
+        model_ranks = cfg.parallel.tp * cfg.parallel.pp
+        if ranks % model_ranks == 0:
+            hint += f" parallel.dp={ranks // model_ranks}"
     log.warning(
         f"{', '.join(found)} are set (torchrun's multi-node variables, as Kubeflow Trainer sets "
         "them), but cluster=local trains on this machine alone and ignores them. Fix: to train "
@@ -98,7 +99,11 @@ class LocalRunner(Runner):
             if per_node > gpus:
                 raise too_few_gpus(cfg, gpus)
         elif per_node > local_cpu_count():
-            ranks = "parallel.dp" if cfg.parallel.tp == 1 else "parallel.dp x parallel.tp"
+            ranks = " x ".join(
+                f"parallel.{k}"
+                for k in ("dp", "tp", "pp")
+                if k == "dp" or getattr(cfg.parallel, k) > 1
+            )
             log.warning(
                 f"{ranks}={per_node} ranks on {local_cpu_count()} CPU core(s): they will share "
                 "cores and run slower (fine for testing)."

@@ -30,7 +30,9 @@ class RunShape:
     engine: str
     ac: str
     tp: int = 1
-    """Ranks of one tensor-parallel group (world = dp x tp)."""
+    """Ranks of one tensor-parallel group (world = dp x tp x pp)."""
+    pp: int = 1
+    """Pipeline stages' ranks (parallel.pp)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ class RunSummary:
             "world_size": s.world_size,
             "dp": s.dp,
             "tp": s.tp,
+            "pp": s.pp,
             "micro_size": s.micro_size,
             "grad_accum": s.grad_accum,
             "global_size": s.global_size,

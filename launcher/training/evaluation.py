@@ -21,6 +21,7 @@ from launcher.data.sequence import IGNORE_INDEX, Batch, Sample, TokenDataset, co
 from launcher.distributed import DistContext
 from launcher.engines.base import Engine
 from launcher.logs import get_logger
+from launcher.parallel.pipeline_schedule import PipelineRunner
 from launcher.training.loss import token_loss_sum
 
 log = get_logger("eval")
@@ -44,10 +45,18 @@ class Evaluator:
     """Called by the trainer after every optimizer step; measures on the due steps."""
 
     def __init__(
-        self, cfg: RootConfig, ctx: DistContext, engine: Engine, val: TokenDataset
+        self,
+        cfg: RootConfig,
+        ctx: DistContext,
+        engine: Engine,
+        val: TokenDataset,
+        pipeline: PipelineRunner | None = None,
     ) -> None:
         split = cfg.split()
         self.ctx, self.engine, self.val = ctx, engine, val
+        self.pipeline = pipeline
+        """parallel.pp > 1: the forwards run through the pipeline's schedule."""
+        self.micro, self.grad_accum = split.micro_size, split.grad_accum
         self.every, self.last = cfg.eval.every, cfg.train.steps
         n = min(len(val), cfg.eval.batches * split.global_size)
         self.chunks = eval_chunks(n, split.dp, split.micro_size, ctx.dp_rank)  # tp peers: alike
@@ -60,14 +69,29 @@ class Evaluator:
             log.info(f"step {step}: val_loss {value if value is None else f'{value:.4f}'}")
         return value
 
-    def _batch(self, indices: list[int]) -> Batch:
-        if indices:
-            samples = [self.val[i] for i in indices]
-        else:  # this rank has run out: a forward that counts nothing
+    def _batch(self, indices: list[int], rows: int = 1) -> Batch:
+        """The samples at `indices`, filled up to `rows` with fully masked ones (a rank that has
+        run out: a forward that counts nothing; a pipeline's micro-batches: all of one size)."""
+        samples = [self.val[i] for i in indices]
+        if len(samples) < rows:
             first = self.val[0]
             masked = torch.full_like(first.targets, IGNORE_INDEX)
-            samples = [Sample(first.input_ids, masked, first.position_ids)]
+            samples += [Sample(first.input_ids, masked, first.position_ids)] * (rows - len(samples))
         return collate_batch(samples).to(self.ctx.device)
+
+    def _through_pipeline(self, pipeline: PipelineRunner) -> torch.Tensor:
+        """The held-out loss sum of this rank's chunks through the pipeline: micro-batches of
+        micro_size rows, in groups of grad_accum (the schedule's micro-batches), the last group
+        filled with fully masked micro-batches; 0 on ranks without the last stage."""
+        batches = [self._batch(indices, self.micro) for indices in self.chunks]
+        batches += [self._batch([], self.micro)] * (-len(batches) % self.grad_accum)
+        total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        for g in range(0, len(batches), self.grad_accum):
+            group = batches[g : g + self.grad_accum]
+            losses = pipeline.evaluate([b.inputs for b in group], [b.targets for b in group])
+            if losses:
+                total += torch.stack(losses).double().sum()
+        return total
 
     @torch.no_grad()
     def measure(self) -> float | None:
@@ -79,15 +103,19 @@ class Evaluator:
         model.eval()
         totals = torch.zeros(2, dtype=torch.float64, device=device)
         try:
+            if self.pipeline is not None:
+                totals[0] += self._through_pipeline(self.pipeline)
             for indices in self.chunks:
                 inputs, targets, positions = self._batch(indices)
+                totals[1] += (targets != IGNORE_INDEX).sum()
+                if self.pipeline is not None:
+                    continue  # summed through the pipeline above
                 with self.engine.autocast():
                     logits = model(inputs, **Batch(inputs, targets, positions).model_kwargs())
                 logits = getattr(logits, "logits", logits)
                 totals[0] += token_loss_sum(logits, targets).double()
-                totals[1] += (targets != IGNORE_INDEX).sum()
             if dist.is_initialized() and dist.get_world_size() > 1:
-                if not self.ctx.counts_tokens:  # a tp peer's sums are its group's: once
+                if not self.ctx.counts_tokens:  # a tp peer's or a pipeline's: counted once
                     totals.zero_()
                 dist.all_reduce(totals)
         finally:

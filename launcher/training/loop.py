@@ -34,6 +34,7 @@ from launcher.data.sequence import IGNORE_INDEX, TokenDataset, collate_batch
 from launcher.distributed import DistContext
 from launcher.engines.base import Engine
 from launcher.logs import get_logger
+from launcher.parallel.pipeline_schedule import PipelineRunner
 from launcher.tracking.metrics import RunTotals
 from launcher.tracking.tracker import Tracker
 from launcher.training.evaluation import EvalHook
@@ -46,6 +47,7 @@ from launcher.training.loss import (
     reduce_loss_sum,
     token_exact_loss,
     token_loss_sum,
+    valid_tokens,
 )
 from launcher.training.prefetch import Batch, Prefetcher
 from launcher.training.step import StepResult, check_finite
@@ -115,6 +117,31 @@ class Trainer:
         self.reduce_loss: Any = reduce_loss_sum
         self.evaluate: EvalHook | None = None
         """The validation loss after a step (training/evaluation.py), before the callbacks."""
+        self.pipeline = (
+            PipelineRunner(
+                engine.model, ctx, cfg.parallel.pp_schedule, self.split.grad_accum, self.stage_loss
+            )
+            if ctx.pp > 1
+            else None
+        )
+        """parallel.pp > 1: this rank's stages; a step's micro-batches run through the schedule."""
+
+    def stage_loss(
+        self,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+        scale: torch.Tensor,
+        evaluating: bool = False,
+    ) -> torch.Tensor:
+        """What the pipeline's last stage backpropagates for one micro-batch: the same loss
+        function as without a pipeline, inside the schedule (evaluating: the summed token loss
+        of a held-out micro-batch, nothing backpropagated)."""
+        if evaluating:
+            return token_loss_sum(logits, targets)
+        # a host sync, so counted only for a loss that reads it (the negative control)
+        valid = 0 if self.loss_fn is token_exact_loss else valid_tokens(targets)
+        context = MicroLossContext(scale, valid, self.split.grad_accum)
+        return self.loss_fn(token_loss_sum(logits, targets), context)
 
     def continue_from(self, step: int, totals: RunTotals) -> None:
         """Continue a resumed run: `step` steps done, the run's totals so far."""
@@ -161,6 +188,15 @@ class Trainer:
         lr, rng = engine.lr, _rng_state(device)
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         scale: torch.Tensor | float | None = None
+        if self.pipeline is not None:
+            with clock.section("comm"):  # the counts come first: the last stage's scale
+                stage_scale = torch.as_tensor(counts.scale(engine.grad_divisor), device=device)
+            losses = self.pipeline.step(
+                [b.inputs for b in batches], [b.targets for b in batches], stage_scale
+            )
+            if losses:  # the last stage: each is its micro-batch's token loss sum x scale
+                loss_sum += torch.stack(losses).detach().double().sum() / stage_scale.double()
+            batches = []  # run by the schedule
         for m, batch in enumerate(batches):
             with engine.accumulation_context(sync=m == len(batches) - 1):
                 with engine.autocast():

@@ -8,8 +8,10 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from launcher.config.root import RootConfig
@@ -20,9 +22,10 @@ from launcher.distributed import (
     teardown_distributed,
 )
 from launcher.engines import build_engine
-from launcher.engines.base import Engine
+from launcher.engines.base import Engine, TorchOptimizerEngine
 from launcher.logs import setup_logging
 from launcher.parallel.mesh import with_mesh
+from launcher.parallel.pipeline_split import optimizer_aliases
 from launcher.rundir import rank_error_file
 from launcher.secrets import redact
 from launcher.tracking.metrics import StepMetrics
@@ -61,11 +64,16 @@ class StepRecorder(Tracker):
 
 class GradientCapture:
     """Around the engine's first optimizer step: gathers every full gradient first (collective),
-    so that rank 0 holds step 1's gradients."""
+    so that rank 0 holds step 1's gradients. A pipeline's are captured at its clipping, once its
+    replicas' and its tied weight's gradients are summed, and gathered from every stage."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, engine: Engine, ctx: DistContext) -> None:
+        self.engine, self.ctx = engine, ctx
         self.grads: dict[str, torch.Tensor] | None = None
+        if isinstance(engine, TorchOptimizerEngine) and engine.pipeline is not None:
+            self._clip: Callable[[], torch.Tensor] = engine.clip_gradients
+            engine.clip_gradients = self._capture_then_clip  # type: ignore[method-assign]
+            return
         self._step: Callable[[], torch.Tensor] = engine.step
         engine.step = self._capture_then_step  # type: ignore[method-assign]
 
@@ -74,12 +82,27 @@ class GradientCapture:
             self.grads = full_gradients(self.engine)
         return self._step()
 
+    def _capture_then_clip(self) -> torch.Tensor:
+        if self.grads is None:
+            self.grads = pipeline_gradients(self.engine, self.ctx)
+        return self._clip()
+
+
+def pipeline_gradients(engine: Engine, ctx: DistContext) -> dict[str, torch.Tensor]:
+    """Every stage's full gradients on rank 0 (collective): one data-parallel rank per stage
+    sends its stage's, the tied head's copy left out (one process names the tensor once)."""
+    aliases = optimizer_aliases(engine.module)
+    mine = {k: v for k, v in full_gradients(engine).items() if k not in aliases}
+    sent = mine if ctx.dp_rank == 0 and ctx.tp_rank == 0 else {}
+    stages: list[Any] = [None] * ctx.world_size if ctx.is_main else []
+    dist.gather_object(sent, stages if ctx.is_main else None, dst=0)
+    return {k: v for stage in stages for k, v in (stage or {}).items()}
+
 
 def verify_rank(cfg: RootConfig, out_dir: Path, ctx: DistContext) -> None:
-    check_world_size(ctx, cfg.parallel.dp, cfg.parallel.nodes, cfg.parallel.tp)
-    ctx = with_mesh(
-        ctx, cfg.parallel.tp, cfg.replicas()
-    )  # the (dp, tp) mesh, as the worker builds it
+    parallel = cfg.parallel
+    check_world_size(ctx, parallel.dp, parallel.nodes, parallel.tp, parallel.pp)
+    ctx = with_mesh(ctx, parallel.tp, cfg.replicas(), parallel.pp)  # as the worker builds it
     split = cfg.split()
     model = build_model(cfg, ctx)
     switch_off_dropout(model)
@@ -90,7 +113,7 @@ def verify_rank(cfg: RootConfig, out_dir: Path, ctx: DistContext) -> None:
     data = build_data(cfg, model)
     recorder = StepRecorder(out_dir, cfg.train.steps)
     trainer = Trainer(cfg, ctx, engine, data.train, recorder, loss_fn=loss_function(cfg))
-    capture = GradientCapture(engine)
+    capture = GradientCapture(engine, ctx)
     trainer.train()
     stats = running_statistics(engine.module)
     if ctx.is_main:

@@ -18,7 +18,8 @@ from launcher.verify.results import CERTIFICATE_FILE, RunResult
 
 def split_name(split: dict[str, int]) -> str:
     tp = f" x tp{split['tp']}" if split.get("tp", 1) > 1 else ""
-    return f"dp{split['dp']}{tp} x acc{split['grad_accum']} x micro{split['micro_size']}"
+    pp = f" x pp{split['pp']}" if split.get("pp", 1) > 1 else ""
+    return f"dp{split['dp']}{tp}{pp} x acc{split['grad_accum']} x micro{split['micro_size']}"
 
 
 def engine_name(cfg: RootConfig) -> str:
@@ -48,7 +49,7 @@ class Certificate:
         """One line of the table (and of a sweep summary)."""
         name, gap = self.comparison.worst_param
         return {
-            "split": split_name({**self.split.split, "tp": self.split_cfg.parallel.tp}),
+            "split": split_name({**self.split.split, **self._model_ranks()}),
             "engine": engine_name(self.split_cfg),
             "policy": self.split_cfg.ac.policy.value,
             "loss gap per step": " ".join(_gap(g) for g in self.comparison.loss_gaps),
@@ -56,6 +57,10 @@ class Certificate:
             "gap": _gap(gap),
             "verdict": "certified" if self.certified else "NOT certified",
         }
+
+    def _model_ranks(self) -> dict[str, int]:
+        parallel = self.split_cfg.parallel
+        return {"tp": parallel.tp, "pp": parallel.pp}
 
     def table(self) -> str:
         row = self.row()
@@ -84,6 +89,7 @@ class Certificate:
             "split": {
                 **self.split.split,
                 **({"tp": tp} if (tp := self.split_cfg.parallel.tp) > 1 else {}),
+                **({"pp": pp} if (pp := self.split_cfg.parallel.pp) > 1 else {}),
                 "engine": engine_name(self.split_cfg),
             },
             "engine": self.split_cfg.engine.name.value,

@@ -84,18 +84,18 @@ def split_config(cfg: RootConfig) -> RootConfig:
 
 
 def reference_config(split_cfg: RootConfig, grad_accum: int = 1) -> RootConfig:
-    """One process over the same global batch: dp=1 (tp=1), `grad_accum` micro-batches (1: the whole
-    global batch at once), no recompute, on this machine. In fp32 the plain engine (DDP on one
-    rank: plain PyTorch); in bf16/fp16 the split's own engine, whose mixed-precision recipe (FSDP's
-    policy, DeepSpeed's bf16 weights with fp32 master copies, autocast) is part of the numbers,
-    not of the split."""
+    """One process over the same global batch: dp=1 (tp=1, pp=1), `grad_accum` micro-batches (1:
+    the whole global batch at once), no recompute, on this machine. In fp32 the plain engine
+    (DDP on one rank: plain PyTorch); in bf16/fp16 the split's own engine, whose mixed-precision
+    recipe (FSDP's policy, DeepSpeed's bf16 weights with fp32 master copies, autocast) is part of
+    the numbers, not of the split."""
     global_size = split_cfg.split().global_size
     engine: dict[str, Any] = {"name": "ddp", "zero_stage": 0, "extra": {}}
     if split_cfg.train.precision.value != "fp32":
         engine = {"name": split_cfg.engine.name.value, "zero_stage": split_cfg.engine.zero_stage}
     return _with(
         split_cfg,
-        parallel={"dp": 1, "nodes": 1, "tp": 1, "sequence_parallel": None},
+        parallel={"dp": 1, "nodes": 1, "tp": 1, "sequence_parallel": None, "pp": 1},
         batch={"global_size": global_size, "micro_size": None, "grad_accum": grad_accum},
         engine=engine,
         ac={"policy": "none"},

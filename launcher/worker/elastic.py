@@ -36,7 +36,7 @@ def config_for_world(cfg: RootConfig, ctx: DistContext) -> RootConfig:
         nodes = ctx.world_size // per_node
         if parallel.least_nodes <= nodes <= parallel.nodes:
             return cfg.on_nodes(nodes)
-    check_world_size(ctx, parallel.dp, parallel.nodes, parallel.tp)
+    check_world_size(ctx, parallel.dp, parallel.nodes, parallel.tp, parallel.pp)
     return cfg
 
 

@@ -30,6 +30,7 @@ from launcher.models.adapted import base_identity, build_trained_model
 from launcher.models.documents import require_position_ids
 from launcher.parallel.apply import apply_tensor_parallel
 from launcher.parallel.mesh import with_mesh
+from launcher.parallel.pipeline_split import split_for_rank, stage_parts
 from launcher.recompute.measure import activation_report
 from launcher.recompute.policies import apply_recompute
 from launcher.rundir import clear_stopped, rank_error_file, read_stopped
@@ -85,14 +86,17 @@ def warn_batch_dependent_layers(model: nn.Module, micro_size: int, global_size: 
 
 
 def build_model(cfg: RootConfig, ctx: DistContext | None = None) -> nn.Module:
-    """The model as the engine receives it, in torchtitan's order: tensor parallelism (ctx on a
-    tp mesh), recompute, compile."""
+    """The model as the engine receives it, in torchtitan's order: the pipeline stage and tensor
+    parallelism (ctx on a mesh), recompute, compile."""
     seed_everything(cfg.train.seed)  # the same initial weights on every rank and every split
     # The built-in GPT or the user's own, its initial weights, then the adapters (adapter=lora).
     model = build_trained_model(cfg)
+    if ctx is not None and ctx.pp > 1:  # this rank's pipeline stages, the whole model's names
+        model = split_for_rank(model, ctx.pp, ctx.pp_rank, cfg.parallel.pp_schedule)
     if ctx is not None:
         model = apply_tensor_parallel(cfg, model, ctx)
-    apply_recompute(model, cfg.ac, blocks_path(cfg.model))
+    for part in stage_parts(model):  # a pipeline rank's stages each run their blocks
+        apply_recompute(part, cfg.ac, blocks_path(cfg.model))
     if cfg.train.compile:  # after the policy (it wraps blocks), before an engine shards them
         compile_blocks(model, cfg.ac, blocks_path(cfg.model))
     return model
@@ -118,7 +122,7 @@ def train_rank(
 ) -> RunEnd:
     as_planned, cfg = cfg, config_for_world(cfg, ctx)  # elastic: the split for the ranks it got
     require_planned(cfg)  # batch.micro_size=auto / ac=auto are chosen by the plan, never here
-    ctx = with_mesh(ctx, cfg.parallel.tp, cfg.replicas())  # the (dp, tp) mesh, once
+    ctx = with_mesh(ctx, cfg.parallel.tp, cfg.replicas(), cfg.parallel.pp)  # the mesh, once
     split = cfg.split()
     model = build_model(cfg, ctx)
     if cfg.data.document_masks:  # before any engine wraps it
@@ -152,7 +156,7 @@ def train_rank(
         tracker.compile_clock = compile_seconds
         trainer.callbacks.insert(1, EagerWhileMeasured(meter))  # after the meter opens
     if cfg.eval.every and data.val is not None:
-        trainer.evaluate = Evaluator(cfg, ctx, engine, data.val)
+        trainer.evaluate = Evaluator(cfg, ctx, engine, data.val, trainer.pipeline)
     mark("built")
     try:
         resumed = checkpoints.resume(restarted=restart_attempt() > 0 or requeued_by_slurm())
@@ -193,7 +197,7 @@ def train_rank(
     probe_inputs, probe_targets, _ = trainer.probe_batch()
     # Measured on a replica, no collectives: rank 0 alone writes summary.json. A tensor-parallel
     # model's forward is collective, and decoding it is not wired in: neither runs under tp.
-    alone = ctx.tp == 1
+    alone = ctx.tp == 1 and ctx.pp == 1  # a pipeline stage is not the whole model either
     activations = (
         activation_report(cfg, engine.module, probe_inputs, probe_targets)
         if ctx.is_main and alone
@@ -222,6 +226,7 @@ def train_rank(
         engine=cfg.engine.name.value,
         ac=cfg.ac.policy.value,
         tp=ctx.tp,
+        pp=ctx.pp,
     )
     summary = tracker.summary(
         shape,

@@ -115,6 +115,7 @@ SUMMARY_VALUES = frozenset(
         "world_size",
         "dp",
         "tp",
+        "pp",
         "micro_size",
         "grad_accum",
         "global_size",

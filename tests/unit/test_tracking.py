@@ -103,6 +103,7 @@ SUMMARY_KEYS = [
     "world_size",
     "dp",
     "tp",
+    "pp",
     "micro_size",
     "grad_accum",
     "global_size",
