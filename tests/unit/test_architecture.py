@@ -143,6 +143,19 @@ def test_engine_and_runner_names_are_compared_only_where_they_are_defined() -> N
     )
 
 
+MAX_MODULE_LINES = 300
+"""A module past this has more than one job: split it along its jobs (docs/development.md)."""
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, f"over {MAX_MODULE_LINES} lines; split along its jobs:\n" + "\n".join(long)
+
+
 def test_no_module_imports_a_module_that_imports_it_back() -> None:
     cycles = import_cycles(import_graph())
     assert not cycles, (
