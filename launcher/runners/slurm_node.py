@@ -100,7 +100,7 @@ def _run(args: list[str], run_dir: Path | None, node: str, scratch: Path | None)
         write_held_summary,
     )
     from launcher.runners.watchdog import Watchdog
-    from launcher.tracking.run_end import write_hung_summary
+    from launcher.tracking.run_end import peer_named_hang, write_hung_summary
 
     for sig in AGENT_IGNORES:
         signal.signal(sig, _ignore)
@@ -123,10 +123,14 @@ def _run(args: list[str], run_dir: Path | None, node: str, scratch: Path | None)
         print(f"error: {node}: {died_exit_line(died, COMPLETE_HELD)}", file=sys.stderr)
         write_held_summary(run_dir, died, COMPLETE_HELD, key="died_after_work")
         return COMPLETE_HELD
-    if isinstance(watchdog, Watchdog) and watchdog.hangs:
-        print(f"error: {node}: {hang_exit_line(watchdog.hangs, HUNG, run_dir)}", file=sys.stderr)
+    hangs = watchdog.hangs if isinstance(watchdog, Watchdog) else []
+    if not hangs and run_dir is not None and not resumable(f.exitcode for f in failures):
+        # another node's watchdog may have killed the rank this node's ranks waited on
+        hangs = peer_named_hang(run_dir, min(f.timestamp for f in failures))
+    if hangs:
+        print(f"error: {node}: {hang_exit_line(hangs, HUNG, run_dir)}", file=sys.stderr)
         if run_dir is not None:
-            write_hung_summary(run_dir, watchdog.hangs[-1], HUNG)
+            write_hung_summary(run_dir, hangs[-1], HUNG)
         return HUNG
     if resumable(f.exitcode for f in failures):
         print(

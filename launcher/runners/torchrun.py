@@ -147,7 +147,7 @@ def run_torchrun(
     from launcher.runners.signals import StopAtOnce, forward_stop_signals
     from launcher.runners.slurm_node import resumable
     from launcher.runners.watchdog import Watchdog
-    from launcher.tracking.run_end import write_hung_summary
+    from launcher.tracking.run_end import peer_named_hang, write_hung_summary
 
     assert argv[0] == TORCHRUN, argv
     if first_node:
@@ -175,10 +175,13 @@ def run_torchrun(
         summary = write_held_summary(run_dir, watchdog.held_complete, COMPLETE_HELD)
         log.error(held_exit_line(watchdog.held_complete, COMPLETE_HELD, summary))
         return COMPLETE_HELD
-    if failures and watchdog.hangs:
+    hangs = watchdog.hangs
+    if failures and not hangs:  # another node's watchdog may have killed the rank they waited on
+        hangs = peer_named_hang(run_dir, min(f.timestamp for f in failures))
+    if failures and hangs:
         write_failures(rank_failures_file(run_dir), failures)
-        log.error(hang_exit_line(watchdog.hangs, HUNG, run_dir))
-        write_hung_summary(run_dir, watchdog.hangs[-1], HUNG)
+        log.error(hang_exit_line(hangs, HUNG, run_dir))
+        write_hung_summary(run_dir, hangs[-1], HUNG)
         return HUNG
     if failures and (died := died_after_work(run_dir, failures)) is not None:
         write_failures(rank_failures_file(run_dir), failures)

@@ -49,6 +49,17 @@ def blamed_elsewhere(
     return blamed_hang(found, float(hang.get("time", 0)), SAME_HANG_S)
 
 
+def peer_named_hang(run_dir: Path, failed_at: float) -> list[dict[str, Any]]:
+    """This node's record of a hang another node's watchdog named, when this node's ranks failed
+    at `failed_at` (seconds since the epoch) only because that watchdog killed the hung rank: a
+    collective lost its peer before this node's own watchdog fired. [] when no such record."""
+    named = blamed_elsewhere(run_dir, {"time": failed_at})
+    if named is None or float(named["time"]) > failed_at + 1:  # failures are whole seconds
+        return []
+    keep = ("hang_timeout", "report")
+    return [{"ranks": [], "time": failed_at, **{k: named.get(k) for k in keep}}]
+
+
 def write_hung_summary(
     run_dir: Path, hang: dict[str, Any], exit_status: int, status: str = HUNG_STATUS
 ) -> dict[str, Any]:
