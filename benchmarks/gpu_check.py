@@ -39,7 +39,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = [sys.executable, "-m", "launcher.cli"]
-SECTIONS = ("mfu", "memory", "dp", "tp", "offload", "async")
+SECTIONS = ("mfu", "memory", "dp", "tp", "pp", "offload", "async")
 VOCAB = 32000
 
 # About 1.07B parameters (12 * 20 * 2048^2 in the blocks, 65M in the embedding).
@@ -267,12 +267,13 @@ def section_dp(ctx: Context) -> list[Row]:
     return [Row("dp", name, "ok" if worst <= 1e-5 else "off", figures, "goal: 1e-5 relative")]
 
 
-def section_tp(ctx: Context) -> list[Row]:
-    """Tensor parallelism inside the node: tp=2 against tp=1 on the same global batches, fp32:
-    the loss and gradient norm curves (goal 1e-5), tokens/s and each rank's peak memory."""
-    name = "tp=2 (NCCL, sequence parallel) vs tp=1, fp32"
+def _layout_vs_one(
+    ctx: Context, key: str, name: str, split: list[str], extra: list[str]
+) -> list[Row]:
+    """A layout of two GPUs (`split`) against one process on the same global batches, fp32: the
+    loss and gradient norm curves (goal 1e-5), tokens/s and each rank's peak memory."""
     if ctx.gpus < 2:
-        return [Row("tp", name, "skipped", note="one GPU: nothing to split")]
+        return [Row(key, name, "skipped", note="one GPU: nothing to split")]
     common = [
         *GPT_SMALL,
         f"model.vocab_size={VOCAB}",
@@ -282,26 +283,40 @@ def section_tp(ctx: Context) -> list[Row]:
         "train.precision=fp32",
         "train.steps=20",
         "batch.global_size=8",
-        "batch.micro_size=8",
+        *extra,
     ]
     try:
-        split = train(ctx, [*common, "parallel.tp=2"], ctx.work / "tp2")
-        one = train(ctx, [*common, "parallel.tp=1"], ctx.work / "tp1")
+        two = train(ctx, [*common, *split], ctx.work / f"{key}2")
+        one = train(ctx, common, ctx.work / f"{key}1")
     except Exception as exc:
-        return [_failed("tp", name, exc)]
+        return [_failed(key, name, exc)]
     worst = 0.0
-    for key in ("loss", "grad_norm"):
-        a = [m[key] for m in split["metrics"]]
-        b = [m[key] for m in one["metrics"]]
+    for metric in ("loss", "grad_norm"):
+        a = [m[metric] for m in two["metrics"]]
+        b = [m[metric] for m in one["metrics"]]
         worst = max(worst, *(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True)))
     figures = {
         "max_rel_diff": worst,
-        "tokens_per_s_tp2": split.get("tokens_per_s"),
-        "tokens_per_s_tp1": one.get("tokens_per_s"),
-        "peak_gib_tp2": _gib(split.get("peak_memory_bytes")),
-        "peak_gib_tp1": _gib(one.get("peak_memory_bytes")),
+        f"tokens_per_s_{key}2": two.get("tokens_per_s"),
+        f"tokens_per_s_{key}1": one.get("tokens_per_s"),
+        f"peak_gib_{key}2": _gib(two.get("peak_memory_bytes")),
+        f"peak_gib_{key}1": _gib(one.get("peak_memory_bytes")),
     }
-    return [Row("tp", name, "ok" if worst <= 1e-5 else "off", figures, "goal: 1e-5 relative")]
+    return [Row(key, name, "ok" if worst <= 1e-5 else "off", figures, "goal: 1e-5 relative")]
+
+
+def section_tp(ctx: Context) -> list[Row]:
+    """Tensor parallelism inside the node: tp=2 against tp=1."""
+    name = "tp=2 (NCCL, sequence parallel) vs tp=1, fp32"
+    return _layout_vs_one(ctx, "tp", name, ["parallel.tp=2"], ["batch.micro_size=8"])
+
+
+def section_pp(ctx: Context) -> list[Row]:
+    """Pipeline parallelism: two stages under 1F1B (the accumulation's 4 micro-batches streamed
+    through them) against one process taking the same 4 micro-batches in turn."""
+    name = "pp=2 (NCCL, 1f1b, 4 micro-batches) vs pp=1, fp32"
+    split = ["parallel.pp=2", "parallel.pp_schedule=1f1b"]
+    return _layout_vs_one(ctx, "pp", name, split, ["batch.grad_accum=4"])
 
 
 def section_offload(ctx: Context) -> list[Row]:
@@ -362,6 +377,7 @@ RUNNERS = {
     "memory": section_memory,
     "dp": section_dp,
     "tp": section_tp,
+    "pp": section_pp,
     "offload": section_offload,
     "async": section_async,
 }

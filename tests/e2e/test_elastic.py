@@ -6,6 +6,7 @@ its per-step losses are those of an uninterrupted one-process run."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -28,6 +29,32 @@ ELASTIC = [
 ]
 
 
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted one-process run of the same global batch (built once for every module of
+    nodes lost and joined)."""
+    return built_once(
+        tmp_path_factory,
+        "elastic_reference_dp1",
+        lambda path: run_launch([*COMMON, *DP1], path, env=ENV),
+    )
+
+
+def assert_restarted_on_one_node(run_dir: Path, output: str) -> dict[str, Any]:
+    """The one restart event: from the newest checkpoint (checkpoint.every=2), on the split
+    derived for one rank (the same global batch, twice the accumulation); the restart's line and
+    summary.json say so. The event is returned."""
+    (restart,) = [e for e in read_events(run_dir) if e["event"] == "restart"]
+    step = restart["from_step"]
+    assert step >= 4 and step % 2 == 0, restart
+    assert (restart["nodes"], restart["dp"], restart["grad_accum"]) == (1, 1, 2)
+    assert restart["previous"] == {"dp": 2, "grad_accum": 1}
+    assert f"restarted on 1 node (dp 2 -> 1, grad_accum 1 -> 2), from step {step}" in output
+    summary = read_summary(run_dir)
+    assert summary["world_size"] == 1 and summary["grad_accum"] == 2
+    assert [e for e in summary["events"] if e["event"] == "restart"] == [restart]
+    return restart
+
+
 def other_agent(launch_pid: int) -> psutil.Process:
     """The second node's agent (the first one runs inside `launch`)."""
     for proc in psutil.Process(launch_pid).children():
@@ -39,11 +66,7 @@ def other_agent(launch_pid: int) -> psutil.Process:
 def test_a_lost_node_continues_on_the_other_with_the_same_losses(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
-    one_process = built_once(
-        tmp_path_factory,
-        "elastic_reference_dp1",
-        lambda path: run_launch([*COMMON, *DP1], path, env=ENV),
-    )
+    reference = one_process(tmp_path_factory)
     run_dir = tmp_path / "run"
     launch = Launch([*COMMON, *ELASTIC, SLOW, "wandb.mode=offline"], run_dir)
     launch.wait_for_step(5)
@@ -52,16 +75,8 @@ def test_a_lost_node_continues_on_the_other_with_the_same_losses(
     output = launch.output
     assert code == 0, output
 
-    (restart,) = [e for e in read_events(run_dir) if e["event"] == "restart"]
-    step = restart["from_step"]
-    assert step >= 4 and step % 2 == 0, restart  # the newest checkpoint (checkpoint.every=2)
-    assert (restart["nodes"], restart["dp"], restart["grad_accum"]) == (1, 1, 2)
-    assert restart["previous"] == {"dp": 2, "grad_accum": 1}
-    assert f"restarted on 1 node (dp 2 -> 1, grad_accum 1 -> 2), from step {step}" in output
-    summary = read_summary(run_dir)
-    assert summary["world_size"] == 1 and summary["grad_accum"] == 2
-    assert [e for e in summary["events"] if e["event"] == "restart"] == [restart]
+    restart = assert_restarted_on_one_node(run_dir, output)
     *_, offline = offline_runs(run_dir)  # one per attempt; the restarted one finishes the run
     (wandb_file,) = offline.glob("*.wandb")
     assert restart in wandb_summary(read_wandb_records(wandb_file))["events"]
-    assert max_rel_diff(last_per_step(run_dir), read_losses(one_process)) < 1e-5
+    assert max_rel_diff(last_per_step(run_dir), read_losses(reference)) < 1e-5

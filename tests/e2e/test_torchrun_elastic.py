@@ -16,37 +16,26 @@ import pytest
 from launcher.events import read_events
 from launcher.exit_codes import HUNG
 from launcher.runners.meeting import free_port
-from tests.e2e.test_elastic import ELASTIC
-from tests.e2e.test_resume import COMMON, DP2, ENV, SLOW, last_per_step
-from tests.e2e.test_torchrun_nodes import NODE_WAIT_S, one_process
+from tests.e2e.nodes import NODE_WAIT_S, end_started_nodes, start_node
+from tests.e2e.test_elastic import ELASTIC, assert_restarted_on_one_node, one_process
+from tests.e2e.test_resume import COMMON, DP2, SLOW, last_per_step
 from tests.helpers import FAST, BackgroundLaunch, max_rel_diff, read_losses, read_summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 
-STARTED: list[BackgroundLaunch] = []
-
-
-def start_node(args: list[str], run_dir: Path, name: str) -> BackgroundLaunch:
-    """One node's `launch train` in a process group of its own (a node's whole `launch`, agent
-    and ranks, can be killed at once); its output in <run dir>-<name>.log."""
-    log = run_dir.parent / f"{run_dir.name}-{name}.log"
-    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **ENV}
-    node = BackgroundLaunch(args, run_dir, log, env, own_session=True)
-    STARTED.append(node)
-    return node
-
 
 @pytest.fixture(autouse=True)
 def no_node_left() -> Iterator[None]:
-    """A failed test leaves no node behind (its ranks die with it), nor a stopped rank."""
     yield
-    while STARTED:
-        node = STARTED.pop()
-        if node.proc.poll() is None:
-            for proc in psutil.Process(node.proc.pid).children(recursive=True):
-                proc.kill()
-            node.proc.kill()
-            node.wait(NODE_WAIT_S)
+    end_started_nodes()
+
+
+def two_nodes(args: list[str], run_dir: Path) -> list[BackgroundLaunch]:
+    """Nodes 0 and 1, each in a process group of its own (killed whole)."""
+    return [
+        start_node([*args, f"cluster.node_rank={i}"], run_dir, f"n{i}", own_session=True)
+        for i in range(2)
+    ]
 
 
 def on_two_nodes(port: int) -> list[str]:
@@ -70,21 +59,15 @@ def test_an_elastic_job_goes_on_without_a_killed_node_with_one_process_losses(
         "cluster.rdzv_last_call=8",  # both start side by side: the first round has both
         "cluster.rdzv_keep_alive=1",  # the killed node is gone after 3 s
     ]
-    nodes = [start_node([*args, f"cluster.node_rank={i}"], run_dir, f"n{i}") for i in range(2)]
+    nodes = two_nodes(args, run_dir)
     nodes[0].wait_for_step(5, NODE_WAIT_S)
     os.killpg(nodes[1].proc.pid, signal.SIGKILL)  # node 1's agent and its rank
     assert nodes[0].wait(NODE_WAIT_S) == 0, nodes[0].output + nodes[1].output
     output = nodes[0].output
 
-    (restart,) = read_events(run_dir)  # started on both nodes; one restart, on node 0 alone
-    assert restart["event"] == "restart", restart
-    step = restart["from_step"]
-    assert step >= 4 and step % 2 == 0, restart  # the newest checkpoint (checkpoint.every=2)
-    assert (restart["nodes"], restart["dp"], restart["grad_accum"]) == (1, 1, 2)
-    assert restart["previous"] == {"dp": 2, "grad_accum": 1}
-    assert f"restarted on 1 node (dp 2 -> 1, grad_accum 1 -> 2), from step {step}" in output
-    summary = read_summary(run_dir)
-    assert summary["world_size"] == 1 and summary["grad_accum"] == 2
+    # started on both nodes; one restart, on node 0 alone
+    assert [e["event"] for e in read_events(run_dir)] == ["restart"]
+    assert_restarted_on_one_node(run_dir, output)
     assert max_rel_diff(last_per_step(run_dir), read_losses(reference)) < 1e-5
 
 
@@ -118,7 +101,7 @@ def test_a_stopped_rank_ends_both_nodes_and_is_named(tmp_path: Path) -> None:
         f"train.hang_timeout={HANG_TIMEOUT}",
         *on_two_nodes(port),
     ]
-    nodes = [start_node([*args, f"cluster.node_rank={i}"], run_dir, f"n{i}") for i in range(2)]
+    nodes = two_nodes(args, run_dir)
     nodes[0].wait_for_step(4, NODE_WAIT_S)
     holder, stopped = rank_on_nodes(nodes, 1)
     stopped.suspend()  # SIGSTOP: it cannot answer, not even with its own stack

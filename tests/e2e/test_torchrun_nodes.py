@@ -20,46 +20,18 @@ from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.rundir import SAVE_PAUSED_FILE
 from launcher.runners.meeting import SHARED_FIX, free_port
 from launcher.runners.seats import seat_key
+from tests.e2e.nodes import NODE_WAIT_S, end_started_nodes, start_node
+from tests.e2e.test_elastic import one_process
 from tests.e2e.test_resume import COMMON, DP1, DP2, ENV, SLOW, last_per_step
 from tests.helpers import BackgroundLaunch, max_rel_diff, read_losses, read_metrics, run_launch
-from tests.once import built_once
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
-
-NODE_WAIT_S = 240
-
-
-def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The uninterrupted one-process run of the same global batch (shared with test_elastic)."""
-    return built_once(
-        tmp_path_factory,
-        "elastic_reference_dp1",
-        lambda path: run_launch([*COMMON, *DP1], path, env=ENV),
-    )
-
-
-def start_node(args: list[str], run_dir: Path, name: str, env: dict[str, str]) -> BackgroundLaunch:
-    """One node's `launch train`, with the environment an engine would give its pod; its output
-    in <run dir>-<name>.log beside the run directory."""
-    log = run_dir.parent / f"{run_dir.name}-{name}.log"
-    extra = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **ENV, **env}
-    node = BackgroundLaunch(args, run_dir, log, extra)
-    STARTED.append(node)
-    return node
-
-
-STARTED: list[BackgroundLaunch] = []
 
 
 @pytest.fixture(autouse=True)
 def no_node_left() -> Iterator[None]:
-    """A failed test leaves no node waiting at a rendezvous (its ranks die with it)."""
     yield
-    while STARTED:
-        node = STARTED.pop()
-        if node.proc.poll() is None:
-            node.proc.kill()
-            node.wait(NODE_WAIT_S)
+    end_started_nodes()
 
 
 def nodes_args(port: int) -> list[str]:

@@ -15,38 +15,24 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers import FAST, max_rel_diff, read_metrics, read_summary, run_launch
-from tests.once import built_once
+from tests.multiproc.one_process import (
+    COMMON,
+    assert_equal_steps,
+    curves,
+    one_process_reference,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
-
-STEPS = 8
-# The built-in task (mostly padding: a wrong denominator shows), 8 sequences per step.
-COMMON = ["train", f"train.steps={STEPS}", "batch.global_size=8", *FAST]
 
 
 @pytest.fixture(scope="module")
 def one_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The reference: one process, the whole global batch at once (the same run as the
-    tensor-parallel tests' reference, built once)."""
-    return built_once(tmp_path_factory, "tp-one-process", lambda p: run_launch(COMMON, p))
+    return one_process_reference(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def one_process(one_process_run: Path) -> list[dict[str, Any]]:
     return read_metrics(one_process_run)
-
-
-def _curves(metrics: list[dict[str, Any]]) -> dict[str, list[float]]:
-    return {key: [m[key] for m in metrics] for key in ("loss", "grad_norm", "tokens")}
-
-
-def _assert_equal(run_dir: Path, reference: list[dict[str, Any]]) -> None:
-    metrics = read_metrics(run_dir)
-    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))  # each step logged once
-    ours, theirs = _curves(metrics), _curves(reference)
-    assert ours["tokens"] == theirs["tokens"]  # each token counted once
-    assert max_rel_diff(ours["loss"], theirs["loss"]) < 1e-5
-    assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) < 1e-5
 
 
 @pytest.mark.parametrize(
@@ -61,7 +47,7 @@ def test_pp2_equals_one_process(
     tmp_path: Path, one_process: list[dict[str, Any]], extra: list[str]
 ) -> None:
     run_launch([*COMMON, "parallel.pp=2", *extra], tmp_path)
-    _assert_equal(tmp_path, one_process)
+    assert_equal_steps(tmp_path, one_process)
     summary = read_summary(tmp_path)
     assert (summary["world_size"], summary["dp"], summary["pp"]) == (2, 1, 2)
 
@@ -70,7 +56,7 @@ def test_dp2_pp2_equals_one_process(tmp_path: Path, one_process: list[dict[str, 
     """4 ranks: FSDP2 over each stage's two data-parallel ranks, 1F1B over the two stages."""
     split = ["parallel.dp=2", "parallel.pp=2", "batch.grad_accum=2", "engine=fsdp"]
     run_launch([*COMMON, *split], tmp_path)
-    _assert_equal(tmp_path, one_process)
+    assert_equal_steps(tmp_path, one_process)
 
 
 def test_interleaved_1f1b_on_four_layers_and_its_validation_loss_equal_one_process(
@@ -84,7 +70,7 @@ def test_interleaved_1f1b_on_four_layers_and_its_validation_loss_equal_one_proce
     interleaved = ["parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b", "batch.grad_accum=2"]
     run_launch([*four, *interleaved], tmp_path / "pp")
     reference = read_metrics(tmp_path / "one")
-    _assert_equal(tmp_path / "pp", reference)
+    assert_equal_steps(tmp_path / "pp", reference)
     val = {m["step"]: m["val_loss"] for m in read_metrics(tmp_path / "pp") if m.get("val_loss")}
     expected = {m["step"]: m["val_loss"] for m in reference if m.get("val_loss")}
     assert sorted(val) == sorted(expected) == [4, 8]
@@ -98,7 +84,7 @@ def test_the_per_micro_batch_mean_under_pp_is_caught(
     one sequence per micro-batch): the comparison above can fail."""
     broken = ["parallel.pp=2", "batch.grad_accum=8", "debug.broken_normalization=true"]
     run_launch([*COMMON, *broken, "train.steps=2"], tmp_path)
-    ours, theirs = _curves(read_metrics(tmp_path)), _curves(one_process[:2])
+    ours, theirs = curves(read_metrics(tmp_path)), curves(one_process[:2])
     assert ours["tokens"] == theirs["tokens"]
     # off by about 2e-2 here: far outside the 1e-5 the exact runs are held to
     assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) > 1e-3
@@ -120,12 +106,7 @@ def test_a_pp2_checkpoint_resumes_on_dp2_without_pp(
     assert sorted(weights) == sorted(load_file(reference / "model.safetensors"))
     proc = run_launch([*COMMON, "parallel.dp=2"], run_dir)
     assert "resuming from" in proc.stdout + proc.stderr
-    metrics = read_metrics(run_dir)
-    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
-    ours, theirs = _curves(metrics), _curves(one_process)
-    assert ours["tokens"] == theirs["tokens"]
-    assert max_rel_diff(ours["loss"][4:], theirs["loss"][4:]) < 1e-5
-    assert max_rel_diff(ours["grad_norm"][4:], theirs["grad_norm"][4:]) < 1e-5
+    assert_equal_steps(run_dir, one_process, first=4)
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 

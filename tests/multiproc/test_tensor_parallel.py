@@ -17,19 +17,21 @@ from safetensors.torch import load_file
 
 from tests.e2e.serve_run import start_serve
 from tests.helpers import FAST, max_rel_diff, read_metrics, read_summary, run_launch
+from tests.multiproc.one_process import (
+    COMMON,
+    STEPS,
+    assert_equal_steps,
+    curves,
+    one_process_reference,
+)
 from tests.once import built_once
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 
-STEPS = 8
-# The built-in task (mostly padding: a wrong denominator shows), 8 sequences per step.
-COMMON = ["train", f"train.steps={STEPS}", "batch.global_size=8", *FAST]
-
 
 @pytest.fixture(scope="module")
 def one_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The reference: one process, the whole global batch at once."""
-    return built_once(tmp_path_factory, "tp-one-process", lambda p: run_launch(COMMON, p))
+    return one_process_reference(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +44,13 @@ def _exported(run_dir: Path, out: Path) -> dict[str, torch.Tensor]:
     return load_file(out / "model.safetensors")
 
 
-def _curves(metrics: list[dict[str, Any]]) -> dict[str, list[float]]:
-    return {key: [m[key] for m in metrics] for key in ("loss", "grad_norm", "tokens")}
-
-
-def _assert_equal(run_dir: Path, reference: list[dict[str, Any]]) -> None:
-    ours, theirs = _curves(read_metrics(run_dir)), _curves(reference)
-    assert len(ours["loss"]) == STEPS
-    assert ours["tokens"] == theirs["tokens"]  # each token counted once
-    assert max_rel_diff(ours["loss"], theirs["loss"]) < 1e-5
-    assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) < 1e-5
+def _assert_same_export(run_dir: Path, reference: Path, tmp_path: Path) -> None:
+    """The export of a tp run: whole tensors, one process's names, shapes and weights."""
+    ours = _exported(run_dir, tmp_path / "ours")
+    theirs = _exported(reference, tmp_path / "theirs")
+    assert sorted(ours) == sorted(theirs)
+    assert all(ours[k].shape == theirs[k].shape for k in theirs)
+    assert max(float((ours[k] - theirs[k]).abs().max()) for k in theirs) < 1e-5
 
 
 def test_tp2_equals_one_process(
@@ -59,15 +58,11 @@ def test_tp2_equals_one_process(
 ) -> None:
     run_dir = tmp_path / "run"
     run_launch([*COMMON, "parallel.tp=2"], run_dir)
-    _assert_equal(run_dir, one_process)
+    assert_equal_steps(run_dir, one_process)
     summary = read_summary(run_dir)
     assert (summary["world_size"], summary["dp"], summary["tp"]) == (2, 1, 2)
     # The export of the tp run: whole tensors, one process's names, shapes and weights.
-    ours = _exported(run_dir, tmp_path / "ours")
-    theirs = _exported(one_process_run, tmp_path / "theirs")
-    assert sorted(ours) == sorted(theirs)
-    assert all(ours[k].shape == theirs[k].shape for k in theirs)
-    assert max(float((ours[k] - theirs[k]).abs().max()) for k in theirs) < 1e-5
+    _assert_same_export(run_dir, one_process_run, tmp_path)
     _generates_and_serves_as_one_process(run_dir, one_process_run, tmp_path)
 
 
@@ -105,7 +100,7 @@ def test_dp2_tp2_accumulation_and_recompute_equal_one_process(
 ) -> None:
     split = ["parallel.dp=2", "parallel.tp=2", "batch.grad_accum=2", "ac=full"]
     run_launch([*COMMON, *split, *extra], tmp_path)
-    _assert_equal(tmp_path, one_process)
+    assert_equal_steps(tmp_path, one_process)
     summary = read_summary(tmp_path)
     assert (summary["world_size"], summary["dp"], summary["tp"]) == (4, 2, 2)
 
@@ -113,7 +108,7 @@ def test_dp2_tp2_accumulation_and_recompute_equal_one_process(
 def test_tp2_compiled_equals_one_process(tmp_path: Path, one_process: list[dict[str, Any]]) -> None:
     """train.compile after the plan (torchtitan's order): the compiled blocks run on DTensors."""
     run_launch([*COMMON, "parallel.tp=2", "train.compile=true", "train.steps=4"], tmp_path)
-    ours, theirs = _curves(read_metrics(tmp_path)), _curves(one_process[:4])
+    ours, theirs = curves(read_metrics(tmp_path)), curves(one_process[:4])
     assert ours["tokens"] == theirs["tokens"]
     assert max_rel_diff(ours["loss"], theirs["loss"]) < 1e-5
     assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) < 1e-5
@@ -125,11 +120,11 @@ def test_counting_tokens_per_world_rank_is_caught(
     """The negative control: every rank of a tp group adds its (shared) tokens."""
     broken = ["parallel.dp=2", "parallel.tp=2", "debug.broken_tp_count=true"]
     run_launch([*COMMON, *broken], tmp_path)
-    ours, theirs = _curves(read_metrics(tmp_path)), _curves(one_process)
+    ours, theirs = curves(read_metrics(tmp_path)), curves(one_process)
     assert ours["tokens"] == [2 * t for t in theirs["tokens"]]
     assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) > 0.1
     with pytest.raises(AssertionError):
-        _assert_equal(tmp_path, one_process)
+        assert_equal_steps(tmp_path, one_process)
 
 
 def test_a_tp2_checkpoint_resumes_on_dp2_without_tp(
@@ -141,12 +136,7 @@ def test_a_tp2_checkpoint_resumes_on_dp2_without_tp(
     run_launch([*COMMON, "parallel.tp=2", "train.steps=4", "checkpoint.async=true"], tmp_path)
     proc = run_launch([*COMMON, "parallel.dp=2"], tmp_path)
     assert "resuming from" in proc.stdout + proc.stderr
-    metrics = read_metrics(tmp_path)
-    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
-    ours, theirs = _curves(metrics), _curves(one_process)
-    assert ours["tokens"] == theirs["tokens"]
-    assert max_rel_diff(ours["loss"][4:], theirs["loss"][4:]) < 1e-5
-    assert max_rel_diff(ours["grad_norm"][4:], theirs["grad_norm"][4:]) < 1e-5
+    assert_equal_steps(tmp_path, one_process, first=4)
 
 
 def test_launch_verify_certifies_dp2_tp2(tmp_path: Path) -> None:
@@ -169,12 +159,30 @@ LLAMA = [
 ]
 
 
-def test_hf_llama_dp2_tp2_equals_one_process(tmp_path: Path) -> None:
-    """A Hugging Face Llama (tiny, from a config) through its family's base_model_tp_plan."""
-    run_launch(LLAMA, tmp_path / "one")
+@pytest.fixture(scope="module")
+def llama_one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return built_once(tmp_path_factory, "tp-llama-one-process", lambda p: run_launch(LLAMA, p))
+
+
+def test_hf_llama_dp2_tp2_equals_one_process_and_exports_its_weights(
+    tmp_path: Path, llama_one_process: Path
+) -> None:
+    """A Hugging Face Llama (tiny, from a config) through its family's base_model_tp_plan; its
+    export has one process's tensor names, shapes and weights (transformers' own names)."""
     split = ["parallel.dp=2", "parallel.tp=2", "engine=fsdp", "batch.grad_accum=2"]
     run_launch([*LLAMA, *split], tmp_path / "split")
-    _assert_equal(tmp_path / "split", read_metrics(tmp_path / "one"))
+    assert_equal_steps(tmp_path / "split", read_metrics(llama_one_process))
+    _assert_same_export(tmp_path / "split", llama_one_process, tmp_path)
+
+
+def test_a_hf_llama_tp2_checkpoint_resumes_on_dp2_without_tp(
+    tmp_path: Path, llama_one_process: Path
+) -> None:
+    """Stopped after step 4 at tp=2; steps 5-8 at dp=2 are one process's."""
+    run_launch([*LLAMA, "parallel.tp=2", "train.steps=4"], tmp_path)
+    proc = run_launch([*LLAMA, "parallel.dp=2"], tmp_path)
+    assert "resuming from" in proc.stdout + proc.stderr
+    assert_equal_steps(tmp_path, read_metrics(llama_one_process), first=4)
 
 
 def test_a_family_without_a_plan_is_refused_before_launch(tmp_path: Path) -> None:

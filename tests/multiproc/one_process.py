@@ -1,0 +1,37 @@
+"""The one-process reference the tensor- and pipeline-parallel tests compare against (built once
+for both modules) and the comparison itself: every step logged once, each token counted once, the
+loss and the gradient norm within 1e-5."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import FAST, max_rel_diff, read_metrics, run_launch
+from tests.once import built_once
+
+STEPS = 8
+# The built-in task (mostly padding: a wrong denominator shows), 8 sequences per step.
+COMMON = ["train", f"train.steps={STEPS}", "batch.global_size=8", *FAST]
+
+
+def one_process_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process, the whole global batch at once (one run for every module that asks)."""
+    return built_once(tmp_path_factory, "tp-one-process", lambda p: run_launch(COMMON, p))
+
+
+def curves(metrics: list[dict[str, Any]]) -> dict[str, list[float]]:
+    return {key: [m[key] for m in metrics] for key in ("loss", "grad_norm", "tokens")}
+
+
+def assert_equal_steps(run_dir: Path, reference: list[dict[str, Any]], first: int = 0) -> None:
+    """The run's steps 1..STEPS equal the reference's from step first + 1 on (first: the steps
+    a resumed run took from its checkpoint)."""
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))  # each step logged once
+    ours, theirs = curves(metrics), curves(reference)
+    assert ours["tokens"] == theirs["tokens"]  # each token counted once
+    assert max_rel_diff(ours["loss"][first:], theirs["loss"][first:]) < 1e-5
+    assert max_rel_diff(ours["grad_norm"][first:], theirs["grad_norm"][first:]) < 1e-5
