@@ -43,7 +43,7 @@ from launcher.runners.seats import (
     describe_node,
     free_port,
     is_this_machine,
-    port_answers,
+    store_client,
 )
 
 T = TypeVar("T")
@@ -122,10 +122,8 @@ class Meeting:
                         "choose a free port, the same on every node, e.g. "
                         f"cluster.rdzv_endpoint={rdzv.host}:{free_port()}.",
                     ) from None
-        try:  # torch's own connect waits about twice its timeout, with C++ stacks: poll first
-            if not port_answers(rdzv.host, rdzv.port, deadline):
-                raise RuntimeError
-            store = TCPStore(rdzv.host, rdzv.port, is_master=False, timeout=timeout)
+        try:
+            store = store_client(rdzv.host, rdzv.port, timeout, deadline)
         except RuntimeError:
             raise RendezvousFailed(
                 f"cluster.rdzv_endpoint: no node 0 answered at {rdzv.endpoint} within "

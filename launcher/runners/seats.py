@@ -23,10 +23,16 @@ from datetime import timedelta
 import psutil
 from torch.distributed import TCPStore
 
+from launcher.errors import ConfigError
+
 PREFIX = "launcher/nodes/"
 BEAT_S = 0.5
 STALE_S = 3.0
 """A seat whose beat has not moved for this long belongs to a node that is gone."""
+GREETING_S = 30.0
+"""How long node 0's store may take to answer a new client's greeting: a store answers in
+milliseconds; another program on the port (an HTTP server) never does, and torch's client then
+waits for ever, whatever its timeout."""
 
 
 def seat_key(seat: int) -> str:
@@ -54,6 +60,39 @@ def port_answers(host: str, port: int, deadline: float) -> bool:
             if left <= 0:
                 return False
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+
+def store_client(host: str, port: int, timeout: timedelta, deadline: float) -> TCPStore:
+    """A client of node 0's store at host:port. RuntimeError: nothing answered before `deadline`
+    (polled first: torch's own connect waits about twice its timeout, with C++ stacks);
+    ConfigError: something answers there but is not a store."""
+    if not port_answers(host, port, deadline):
+        raise RuntimeError(f"nothing answered at {host}:{port}")
+    made: list[TCPStore] = []
+    failed: list[RuntimeError] = []
+
+    def connect() -> None:
+        try:
+            made.append(TCPStore(host, port, is_master=False, timeout=timeout))
+        except RuntimeError as exc:
+            failed.append(exc)
+
+    greeting = threading.Thread(target=connect, name="launcher-store-connect", daemon=True)
+    greeting.start()
+    waited = max(1.0, min(GREETING_S, deadline - time.monotonic()))
+    greeting.join(waited)
+    if made:
+        return made[0]
+    if failed:
+        raise failed[0]
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    raise ConfigError(
+        "cluster.rdzv_endpoint",
+        f"something at {endpoint} accepts connections but did not answer as a rendezvous in "
+        f"{waited:.0f} s: another program holds that port on {host}, not node 0 of a job.",
+        f"pick a port that is free on {host}, the same on every node, e.g. "
+        f"cluster.rdzv_endpoint={endpoint.rsplit(':', 1)[0]}:{free_port()}.",
+    )
 
 
 def is_this_machine(host: str) -> bool:

@@ -5,12 +5,14 @@ reached."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
 import pytest
 
 from launcher.config.rendezvous import NodeRendezvous
+from launcher.errors import ConfigError
 from launcher.runners.meeting import Meeting, RendezvousFailed
 from launcher.runners.seats import free_port
 
@@ -45,3 +47,16 @@ def test_node_0_that_comes_late_is_reached() -> None:
     thread.join()
     node_1.store.set("said", "hello")
     assert hosts[0].store.get("said") == b"hello"
+
+
+def test_another_program_on_the_port_is_one_error_not_a_wait_for_ever() -> None:
+    """torch's TCPStore client waits for ever for a greeting that a program other than a store
+    (an HTTP server, here a socket that never answers) does not send, whatever its timeout."""
+    with socket.create_server(("127.0.0.1", 0)) as other:
+        port = other.getsockname()[1]
+        with pytest.raises(ConfigError) as info:
+            Meeting.open(rendezvous(port, 1))
+    error = info.value
+    assert error.keys == ["cluster.rdzv_endpoint"], error.keys
+    assert f"something at 127.0.0.1:{port} accepts connections" in str(error)
+    assert "cluster.rdzv_endpoint=127.0.0.1:" in str(error)
