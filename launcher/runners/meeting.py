@@ -42,7 +42,9 @@ from launcher.runners.seats import (
     Seats,
     describe_node,
     free_port,
+    host_store,
     is_this_machine,
+    node_0_there,
     store_client,
 )
 
@@ -94,14 +96,7 @@ class Meeting:
         timeout = timedelta(seconds=rdzv.timeout)
         if rdzv.node_rank == 0 or (rdzv.node_rank is None and is_this_machine(rdzv.host)):
             try:
-                store = TCPStore(
-                    rdzv.host,
-                    rdzv.port,
-                    is_master=True,
-                    multi_tenant=True,  # torchrun's c10d rendezvous shares it
-                    wait_for_workers=False,
-                    timeout=timeout,
-                )
+                store = host_store(rdzv, timeout)
                 return cls(rdzv, store, hosts=True, deadline=deadline)
             except RuntimeError as exc:
                 if rdzv.node_rank == 0 and not is_this_machine(rdzv.host):
@@ -115,7 +110,7 @@ class Meeting:
                         "PET_NODE_RANK).",
                     ) from None
                 if rdzv.node_rank == 0:
-                    raise ConfigError(
+                    raise node_0_there(rdzv) or ConfigError(
                         "cluster.rdzv_endpoint",
                         f"node 0 hosts the rendezvous at {rdzv.endpoint}, but cannot listen on "
                         f"port {rdzv.port} here ({str(exc).splitlines()[0]}).",
