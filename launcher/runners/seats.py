@@ -92,9 +92,10 @@ def store_client(host: str, port: int, timeout: timedelta, deadline: float) -> T
     raise ConfigError(
         "cluster.rdzv_endpoint",
         f"something at {endpoint} accepts connections but did not answer as a rendezvous in "
-        f"{waited:.0f} s: another program holds that port on {host}, not node 0 of a job.",
-        f"pick a port that is free on {host}, the same on every node, e.g. "
-        f"cluster.rdzv_endpoint={endpoint.rsplit(':', 1)[0]}:{free_port()}.",
+        f"{waited:.0f} s: another program holds that port on {host} (or a proxy on the way "
+        "answers for it), not node 0 of a job.",
+        f"check that {host} is node 0's address, and pick a port that is free there, the same "
+        f"on every node, e.g. cluster.rdzv_endpoint={endpoint.rsplit(':', 1)[0]}:{free_port()}.",
     )
 
 
