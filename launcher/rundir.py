@@ -213,3 +213,12 @@ def read_stopped(run_dir: Path) -> dict[str, Any] | None:
 
 def clear_stopped(run_dir: Path) -> None:
     (run_dir / STOPPED_FILE).unlink(missing_ok=True)
+
+
+def stopped_words(run_dir: Path) -> str:
+    """Where a graceful stop left the run, from stopped.json (rank 0's own line says it too)."""
+    info = read_stopped(run_dir) or {}
+    if "step" not in info:
+        return "stopped on a signal"
+    saved = f"saved {info['checkpoint']}" if info.get("checkpoint") else "nothing saved"
+    return f"stopped after step {info['step']}, {saved}"

@@ -113,8 +113,7 @@ def check_overrides(
             raise ConfigError(
                 text,
                 f"cannot be read as an override ({_first_line(str(exc))}).",
-                "write name=value; for a list name=[a,b], and quote the whole override for "
-                "the shell.",
+                _unreadable_fix(text),
             ) from None
         name = override.key_or_group
         if name in RUN_DIR_KEYS:
@@ -196,3 +195,12 @@ def translate_hydra_error(exc: BaseException, command: str = "train") -> ConfigE
     full_key = getattr(cause, "full_key", None) or getattr(exc, "full_key", None)
     problem = " ".join(line.strip() for line in text.splitlines() if line.strip())
     return ConfigError(str(full_key or "config"), problem or type(exc).__name__, _help(command))
+
+
+def _unreadable_fix(text: str) -> str:
+    """An override Hydra's grammar cannot read: a bracketed IPv6 address with a port
+    ([fd00::1]:29500) reads as a broken list; as a quoted string it is read whole."""
+    name, _, value = text.partition("=")
+    if re.fullmatch(r"\[[0-9A-Fa-f:.%]+\]:\d+", value):
+        return f"quote the value as a string, and the override for the shell: '{name}=\"{value}\"'."
+    return "write name=value; for a list name=[a,b], and quote the whole override for the shell."

@@ -65,7 +65,8 @@ def resolve(model: nn.Module, plan: dict[str, str]) -> list[Planned]:
             near = did_you_mean(suggestions(pattern, layers))
             raise ConfigError(
                 KEY,
-                f"{pattern!r} matches no module of {type(model).__name__}; {near}",
+                f"{pattern!r} matches no module of {type(model).__name__}."
+                + (f" {near.strip()}" if near else ""),
                 "name its layers as the model does (a pattern per dotted part, * for a block "
                 f"index): {', '.join(layers[:12]) or '(no nn.Linear or nn.Embedding)'}.",
             )

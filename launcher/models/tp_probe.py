@@ -11,7 +11,10 @@ from launcher.models.build import build_model
 from launcher.models.probe_forward import _on, _probe_logits, check_output
 from launcher.models.tp_plan import resolve, shard_for_one_rank, split_sizes
 
-HEADS_FIX = ", or count heads with -1 in the model's forward (docs/parallelism.md)"
+HEADS_FIX = (
+    ", or count heads with -1 in the model's forward, or give the layer that reads each colwise "
+    "layer's output rowwise in model.tp_plan (docs/parallelism.md)"
+)
 
 
 def _one_rank_fails(cfg: UserModelConfig, tp: int, vocab: int, device: str) -> str | None:
@@ -64,6 +67,8 @@ def check_one_rank(cfg: UserModelConfig, tp: int, vocab: int, device: str) -> No
         f"{failed}: under parallel.tp={tp} each rank computes 1/{tp} of a colwise layer's "
         "outputs, which must be whole heads: tp must divide the heads (and the key-value heads), "
         "and the attention must count them from the tensor: view(b, t, -1, head_dim) after q, k "
-        "and v, reshape(b, t, -1) before the output projection.",
+        "and v, reshape(b, t, -1) before the output projection; and a colwise layer's split "
+        "output must be read by a rowwise layer (blocks.*.up colwise, blocks.*.down rowwise), "
+        "a rowwise layer's input must come split from a colwise one.",
         f"set parallel.tp={fits}{'' if fits > 1 else HEADS_FIX}.",
     )

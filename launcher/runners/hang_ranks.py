@@ -114,3 +114,21 @@ def attempt_beats(run_dir: Path, live: list[Rank], phase: str) -> list[dict[str,
         for b in beats
         if b is not None and b.get("phase") == phase and float(b.get("time", 0)) >= since
     ]
+
+
+def late_elsewhere(run_dir: Path, live: list[Rank]) -> str:
+    """For a node whose ranks all wait in a collective: the other nodes' ranks of this attempt
+    whose heartbeat is past its deadline (the shared run directory holds every rank's), as
+    ': rank 1 on node-b (last at step 5)'; '' when none is (their node's watchdog names them).
+    A node frozen whole (SIGSTOP, a paused VM) has no watchdog left to name its ranks."""
+    mine, since, now = {r.rank for r in live}, attempt_started(live), time.time()
+    late = []
+    for path in heartbeat_files(run_dir):
+        beat = read_beat(path)
+        if beat is None or beat.get("rank") in mine or float(beat.get("time", 0)) < since:
+            continue
+        if beat.get("deadline") is not None and now > float(beat["deadline"]):
+            late.append(
+                f"rank {beat.get('rank')} on {beat.get('host')} (last at step {beat.get('step')})"
+            )
+    return f": {', '.join(late)}" if late else ""

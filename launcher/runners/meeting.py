@@ -42,8 +42,10 @@ from launcher.runners.seats import (
     Seats,
     describe_node,
     free_port,
+    host_store,
     is_this_machine,
-    port_answers,
+    node_0_there,
+    store_client,
 )
 
 T = TypeVar("T")
@@ -94,14 +96,7 @@ class Meeting:
         timeout = timedelta(seconds=rdzv.timeout)
         if rdzv.node_rank == 0 or (rdzv.node_rank is None and is_this_machine(rdzv.host)):
             try:
-                store = TCPStore(
-                    rdzv.host,
-                    rdzv.port,
-                    is_master=True,
-                    multi_tenant=True,  # torchrun's c10d rendezvous shares it
-                    wait_for_workers=False,
-                    timeout=timeout,
-                )
+                store = host_store(rdzv, timeout)
                 return cls(rdzv, store, hosts=True, deadline=deadline)
             except RuntimeError as exc:
                 if rdzv.node_rank == 0 and not is_this_machine(rdzv.host):
@@ -115,17 +110,15 @@ class Meeting:
                         "PET_NODE_RANK).",
                     ) from None
                 if rdzv.node_rank == 0:
-                    raise ConfigError(
+                    raise node_0_there(rdzv) or ConfigError(
                         "cluster.rdzv_endpoint",
                         f"node 0 hosts the rendezvous at {rdzv.endpoint}, but cannot listen on "
                         f"port {rdzv.port} here ({str(exc).splitlines()[0]}).",
                         "choose a free port, the same on every node, e.g. "
                         f"cluster.rdzv_endpoint={rdzv.host}:{free_port()}.",
                     ) from None
-        try:  # torch's own connect waits about twice its timeout, with C++ stacks: poll first
-            if not port_answers(rdzv.host, rdzv.port, deadline):
-                raise RuntimeError
-            store = TCPStore(rdzv.host, rdzv.port, is_master=False, timeout=timeout)
+        try:
+            store = store_client(rdzv.host, rdzv.port, timeout, deadline)
         except RuntimeError:
             raise RendezvousFailed(
                 f"cluster.rdzv_endpoint: no node 0 answered at {rdzv.endpoint} within "

@@ -30,7 +30,7 @@ from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.logs import get_logger
-from launcher.rundir import AGENT_DIR, CONFIG_FILE, NODES_FILE, NODES_TOKEN_FILE
+from launcher.rundir import AGENT_DIR, CONFIG_FILE, NODES_FILE, NODES_TOKEN_FILE, stopped_words
 from launcher.runners.local import LocalRunner
 from launcher.runners.torchrun import MONITOR_INTERVAL_S, TORCHRUN, environment_additions
 from launcher.secrets import redactor_for
@@ -214,6 +214,11 @@ class TorchrunNodesRunner(LocalRunner):
                 raise RendezvousFailed(rendezvous_lost(rdzv, ConnectionError(), hosts=False))
         if code == 0 and not self.first_node:
             log.info(f"{node_name(rdzv)}: done")
+        elif code == STOPPED_RESUMABLE and not self.first_node:  # else its last line is torch's
+            log.warning(
+                f"{node_name(rdzv)}: {stopped_words(run_dir)}. Run the same command on every node "
+                f"to resume (exit status {STOPPED_RESUMABLE})."
+            )
         return code
 
 

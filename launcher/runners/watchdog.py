@@ -41,6 +41,7 @@ from launcher.runners.hang_ranks import (
     DUMP_WAIT_S,
     Rank,
     attempt_started,
+    late_elsewhere,
     rank_of,
     read_beat,
     report_text,
@@ -165,7 +166,8 @@ class Watchdog:
             if blamed
             else f"hang: no progress for {timeout:g} s (train.hang_timeout) on this node's "
             f"{len(ranks)} rank(s), all waiting in a collective: the rank that stopped "
-            f"progressing is on another node; stacks in {report}"
+            f"progressing is on another node{late_elsewhere(self.run_dir, ranks)}; stacks in "
+            f"{report}"
         )
         self._end(line, ranks, blamed, stacks, hang_timeout=timeout)
 

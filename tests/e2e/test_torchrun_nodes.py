@@ -138,6 +138,8 @@ def test_sigterm_to_both_nodes_then_the_same_commands_resume_exactly(
     assert codes == [STOPPED_RESUMABLE] * 2, "\n".join(n.output for n in nodes)
     stopped_at = len(read_losses(run_dir))
     assert 5 <= stopped_at < 12
+    follower = next(n for n in nodes if "is_host=false" in n.output)  # not node 0
+    assert "on every node to resume (exit status 75)" in follower.output.splitlines()[-1]
 
     again = [start_node(args, run_dir, f"r{i}", {}) for i in range(2)]
     assert both_finish(again) == [0, 0], "\n".join(n.output for n in again)

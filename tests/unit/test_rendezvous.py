@@ -3,6 +3,7 @@ documented order, each with its source; disagreements and missing values are one
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
 
 RUN = Path("/shared/runs/exp-1")
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def torchrun(parallel: dict | None = None, **cluster: object) -> RootConfig:
@@ -162,3 +164,17 @@ def test_a_bare_ipv6_address_from_the_environment_is_bracketed() -> None:
     sky = {"SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_IPS": "fd00::7\nfd00::8"}
     _, rdzv = resolve_rendezvous(torchrun(), RUN, sky)
     assert rdzv.endpoint == "[fd00::7]:29500"
+
+
+def test_an_unquoted_ipv6_endpoint_is_told_the_quoting_that_reads() -> None:
+    """Hydra's grammar reads [fd00::1]:29500 as a broken list; the Fix, as printed, parses."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from launcher.config.overrides import check_overrides
+
+    with pytest.raises(ConfigError) as info:
+        check_overrides(["cluster.rdzv_endpoint=[fd00::1]:29500"], CONF)
+    fixed = shlex.split(info.value.fix.split(": ", 1)[1].removesuffix("."))
+    assert fixed == ['cluster.rdzv_endpoint="[fd00::1]:29500"']
+    check_overrides(fixed, CONF)
+    assert OverridesParser.create().parse_override(fixed[0]).value() == "[fd00::1]:29500"

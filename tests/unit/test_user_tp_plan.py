@@ -48,6 +48,8 @@ def test_the_override_reads_as_the_plan_and_the_model_passes() -> None:
     [
         ({"blocks.*.attn.qq": "colwise"}, [], "did you mean blocks.*.attn.q", "blocks.*.attn.q"),
         ({"blocks.*.attn.q": "colwize"}, [], "'colwize' is not", "colwise, rowwise, colwise_rep"),
+        ({"nothing.here": "colwise"}, [], "no module of HeadsLM. Fix:", "blocks.*.attn.q"),
+        ({"blocks.*.up": "rowwise"}, [], "read by a rowwise layer", "rowwise in model.tp_plan"),
         ({"blocks.*.norm_1": "colwise"}, [], "a LayerNorm", "remove blocks.*.norm_1"),
         ({"blocks.*.norm_1": "sequence"}, [], "built-in GPT's plan only", "remove"),
         ({"head": "colwise"}, [], "logits", "colwise_rep"),
@@ -59,6 +61,8 @@ def test_the_override_reads_as_the_plan_and_the_model_passes() -> None:
     ids=[
         "no_match",
         "unknown_style",
+        "no_match_no_suggestion",
+        "rowwise_reading_a_whole_input",
         "not_linear",
         "sequence",
         "split_head",

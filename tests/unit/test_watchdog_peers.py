@@ -6,6 +6,7 @@ look, so the tests count looks instead of timing them."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -65,3 +66,22 @@ def test_an_exited_rank_is_dead_not_stopped() -> None:
         assert rank.dead and not rank.stopped
     finally:
         child.wait()
+
+
+def test_a_node_whose_ranks_wait_names_another_nodes_late_rank(tmp_path: Path) -> None:
+    """A node frozen whole (SIGSTOP) has no watchdog to name its rank; the shared heartbeats do."""
+    beats = tmp_path / "heartbeats"
+    beats.mkdir()
+    now, started = time.time(), psutil.Process().create_time()  # this attempt's start
+    records = {
+        0: {"host": "node-b", "step": 9, "time": started - 1, "deadline": now - 5},  # before
+        1: {"host": "node-b", "step": 5, "time": started + 0.01, "deadline": now - 0.01},  # late
+        2: {"host": "node-b", "step": 6, "time": now - 1, "deadline": now + 14},  # in time
+        3: {"host": "node-b", "step": 6, "time": now - 1, "deadline": None},  # ended
+    }
+    for rank, beat in records.items():
+        (beats / f"rank{rank}.json").write_text(json.dumps({"rank": rank, **beat}))
+    mine = Rank(4, psutil.Process(), {"rank": 4, "host": "node-a"})
+    assert watchdog.late_elsewhere(tmp_path, [mine]) == ": rank 1 on node-b (last at step 5)"
+    (beats / "rank1.json").unlink()
+    assert watchdog.late_elsewhere(tmp_path, [mine]) == ""
