@@ -25,7 +25,8 @@ class ParallelConfig:
     """Data-parallel degree: distinct micro-batch streams. The world is dp x tp x pp ranks; ranks
     per node = dp x tp x pp / nodes."""
     nodes: int = 1
-    """Nodes to spread the ranks over; more than one needs cluster=slurm."""
+    """Nodes to spread the ranks over; more than one needs cluster=slurm or cluster=torchrun
+    (with cluster=torchrun, left at 1: PET_NNODES or SKYPILOT_NUM_NODES, docs/multinode.md)."""
     min_nodes: int | None = None
     """Elastic: the job goes on (restarted from the newest checkpoint, the same global batch) on
     as few as this many nodes when nodes are lost. null: parallel.nodes (not elastic)."""
@@ -52,12 +53,10 @@ class ParallelConfig:
         require_positive("parallel.pp", self.pp)
         require_positive("parallel.nodes", self.nodes)
         require_positive("parallel.replicate", self.replicate, allow_none=True)
-        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
-            raise ConfigError(
-                ["parallel.min_nodes", "parallel.nodes"],
-                f"min_nodes={self.min_nodes} is not between 1 and nodes={self.nodes}.",
-                f"set parallel.min_nodes to a value from 1 to {self.nodes}, or null (not elastic).",
-            )
+        if self.nodes > 1 or (self.min_nodes is not None and self.min_nodes < 1):
+            # parallel.nodes left at 1 may be filled from the environment (cluster=torchrun):
+            # RootConfig checks min_nodes against it for the other clusters
+            self.check_min_nodes()
         if self.replicate is not None and self.dp % self.replicate:
             raise ConfigError(
                 ["parallel.replicate", "parallel.dp"],
@@ -80,6 +79,15 @@ class ParallelConfig:
                 f"{self._layout()} ranks do not split evenly over nodes={self.nodes}.",
                 "make parallel.dp a multiple of parallel.nodes (e.g. "
                 f"parallel.dp={self.nodes * max(1, self.dp // self.nodes)}).",
+            )
+
+    def check_min_nodes(self) -> None:
+        """parallel.min_nodes from 1 to parallel.nodes (or null)."""
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            raise ConfigError(
+                ["parallel.min_nodes", "parallel.nodes"],
+                f"min_nodes={self.min_nodes} is not between 1 and nodes={self.nodes}.",
+                f"set parallel.min_nodes to a value from 1 to {self.nodes}, or null (not elastic).",
             )
 
     @property

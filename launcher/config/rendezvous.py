@@ -141,6 +141,14 @@ def _nodes(cfg: RootConfig, env: Mapping[str, str]) -> tuple[int, int | None, st
             f"make them agree: parallel.min_nodes={least}, or start the nodes with "
             f"{name}={parallel.min_nodes}:{nodes}.",
         )
+    if not ranged and (parallel.min_nodes or 1) > nodes:
+        raise ConfigError(
+            ["parallel.min_nodes", name],
+            f"parallel.min_nodes={parallel.min_nodes}, but {name}={value} in this node's "
+            f"environment says the job has {nodes} node(s).",
+            f"make them agree: parallel.min_nodes={nodes}, or start the nodes with "
+            f"{name}={parallel.min_nodes} (or more).",
+        )
     where = f"{name}={value}" + (" (agrees with parallel.nodes)" if explicit else "")
     return nodes, least if ranged else None, where
 

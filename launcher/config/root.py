@@ -71,6 +71,8 @@ class RootConfig:
         self._check_vocab()
         check_tensor_parallel(self)
         check_pipeline(self)
+        if self.cluster.name != ClusterKind.torchrun:  # torchrun: once nodes come from the env
+            self.parallel.check_min_nodes()
         local = self.cluster.name == ClusterKind.local
         if self.parallel.nodes > 1 and local and not self.parallel.elastic:
             raise ConfigError(

@@ -117,11 +117,13 @@ def nodes_text(run_dir: Path, rdzv: NodeRendezvous, command: str = "train") -> s
         "cluster.rdzv_id": rdzv.rdzv_id,
         "cluster.node_rank": "-" if rdzv.node_rank is None else str(rdzv.node_rank),
     }
+    # `launch plan` on another node writes its own view (its rank); a run's file is node 0's
+    reader = "node 0" if rdzv.node_rank is None else f"node {rdzv.node_rank}"
     lines = [
         "# cluster=torchrun: run this same command on every node (each node's rank, if any,",
         "# from its environment or cluster.node_rank=R); node 0 hosts the rendezvous:",
         every_node_command(run_dir, command),
-        "# the rendezvous values as node 0 read them, and where each came from:",
+        f"# the rendezvous values as {reader} read them, and where each came from:",
         *(f"{key:<22} {value:<24} {rdzv.sources[key]}" for key, value in values.items()),
     ]
     return "\n".join(lines) + "\n"

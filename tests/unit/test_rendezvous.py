@@ -106,10 +106,34 @@ def test_pet_nnodes_min_max_is_an_elastic_job_with_its_restarts() -> None:
     assert not same.parallel.elastic and same.restarts == 0
 
 
+def test_min_nodes_with_the_node_count_from_the_environment() -> None:
+    """parallel.min_nodes=2 on a job whose 3 nodes come from PET_NNODES (parallel.nodes left out,
+    as docs/multinode.md says): elastic 2..3, not refused against the default parallel.nodes=1."""
+    env = {**KUBEFLOW, "PET_NNODES": "3"}
+    three = to_root_config(
+        {
+            "cluster": {"name": "torchrun"},
+            "parallel": {"dp": 3, "min_nodes": 2},
+            "batch": {"global_size": 36, "micro_size": 6},  # whole micro-batches on 2 nodes too
+        }
+    )
+    cfg, rdzv = resolve_rendezvous(three, RUN, env)
+    assert (cfg.parallel.nodes, cfg.parallel.min_nodes, cfg.parallel.elastic) == (3, 2, True)
+    assert (rdzv.nodes, rdzv.least_nodes) == (3, 2) and cfg.restarts == 3
+    with pytest.raises(ConfigError) as info:  # fewer nodes than the fewest: names both
+        resolve_rendezvous(torchrun({"dp": 2, "min_nodes": 3}), RUN, KUBEFLOW)
+    assert info.value.keys == ["parallel.min_nodes", "PET_NNODES"]
+    assert "parallel.min_nodes=2" in info.value.fix
+    resolve_rendezvous(torchrun({"dp": 2, "min_nodes": 2}), RUN, KUBEFLOW)  # the fix, as printed
+    with pytest.raises(ConfigError, match="between 1 and nodes=1"):  # no environment to fill it
+        to_root_config({"parallel": {"dp": 2, "min_nodes": 2}})
+
+
 @pytest.mark.parametrize(
     ("env", "config", "words"),
     [
         ("1:2", {"dp": 2, "nodes": 2, "min_nodes": 2}, "parallel.min_nodes=2, but PET_NNODES=1:2"),
+        ("1:2", {"dp": 2, "min_nodes": 2}, "parallel.min_nodes=2, but PET_NNODES=1:2"),
         ("3:2", {"dp": 2}, "PET_NNODES=3:2 in this node's environment is not MIN:MAX"),
         ("0:2", {"dp": 2}, "is not MIN:MAX"),
         ("1:x", {"dp": 2}, "'1:x'"),
