@@ -141,7 +141,7 @@ class Plan:
         lines = [
             f"world       {self.world_size} rank(s) on {self.nodes} node(s), {self.ranks_per_node} "
             "per node",
-            *mesh_lines(self.dp, self.tp, self.sequence_parallel),
+            *mesh_lines(self.dp, self.tp, self.sequence_parallel, self.pp),
             *self._pipeline_lines(),
             f"batch       {self.global_size} sequences/step = dp {self.dp} x grad_accum "
             f"{self.grad_accum} x micro {self.micro_size}",

@@ -152,12 +152,10 @@ def ranks_started_by(args: list[str]) -> int:
     after another; SLURM's run in the cluster's jobs, whose tests hold every token)."""
     if not args or args[0] not in ("train", "verify") or "cluster=slurm" in args:
         return 1
-    most, tp = 1, 1
+    most = {"parallel.dp": 1, "parallel.tp": 1, "parallel.pp": 1}  # the world is dp x tp x pp
     for arg in args:
         key, _, value = arg.lstrip("+").partition("=")
         sizes = [int(v) for v in value.split(",") if v.strip().isdigit()]
-        if key == "parallel.dp":
-            most = max([most, *sizes])
-        elif key == "parallel.tp":  # the world is dp x tp
-            tp = max([tp, *sizes])
-    return most * tp
+        if key in most:
+            most[key] = max([most[key], *sizes])
+    return most["parallel.dp"] * most["parallel.tp"] * most["parallel.pp"]

@@ -152,7 +152,6 @@ def _check_features(cfg: RootConfig) -> None:
     """Features not composed with pipeline parallelism yet: refused, naming the key."""
     pp = cfg.parallel.pp
     refused = [
-        (cfg.parallel.tp > 1, "parallel.tp", "set parallel.tp=1"),
         ((cfg.parallel.replicate or 1) > 1, "parallel.replicate", "drop parallel.replicate"),
         (cfg.parallel.elastic, "parallel.min_nodes", "drop parallel.min_nodes"),
         (cfg.engine.offload != Offload.none, "engine.offload", "set engine.offload=none"),

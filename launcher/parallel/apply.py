@@ -1,5 +1,6 @@
 """Tensor parallelism on a built model: the family's plan over the mesh's tp dimension, before
-recompute, compile and the engine (torchtitan's order)."""
+recompute, compile and the engine (torchtitan's order). Under pipeline parallelism it splits a
+rank's stages (cut first), each stage's blocks on that stage's tp sub-mesh."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from launcher.errors import ConfigError
 from launcher.models.gpt import GPT
 from launcher.models.tensor_parallel import family_plan
 from launcher.parallel.mesh import TP
+from launcher.parallel.pipeline_split import RankStages
 
 
 def apply_tensor_parallel(cfg: RootConfig, model: nn.Module, ctx: DistContext) -> nn.Module:
     """The model split over the tp ranks; itself when parallel.tp=1."""
     if ctx.tp == 1:
         return model
-    if isinstance(model, GPT):
+    if isinstance(model, GPT | RankStages):  # a pipeline rank's stages: inside each stage
         from launcher.parallel.gpt_plan import parallelize_gpt
 
         return parallelize_gpt(model, ctx.mesh[TP], cfg.parallel.sequence_sharded)

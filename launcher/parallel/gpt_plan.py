@@ -16,8 +16,6 @@ from typing import Any
 
 from torch import nn
 
-from launcher.models.gpt import GPT
-
 
 def gpt_plan(sequence_parallel: bool) -> dict[str, Any]:
     """Module name (fnmatch pattern) -> parallel style for parallelize_module."""
@@ -45,13 +43,26 @@ def gpt_plan(sequence_parallel: bool) -> dict[str, Any]:
     return plan
 
 
-def parallelize_gpt(model: GPT, mesh: Any, sequence_parallel: bool) -> nn.Module:
-    """Split the GPT over the mesh's tp dimension in place; the tied embedding and head share
-    one DTensor again afterwards (both are Shard(0) of the same rows)."""
+def _tied(model: nn.Module) -> tuple[nn.Linear, nn.Embedding] | None:
+    """(head, embedding) when this module holds both and they share one weight."""
+    head, emb = getattr(model, "head", None), getattr(model, "tok_emb", None)
+    if isinstance(head, nn.Linear) and isinstance(emb, nn.Embedding) and head.weight is emb.weight:
+        return head, emb
+    return None
+
+
+def parallelize_gpt(model: nn.Module, mesh: Any, sequence_parallel: bool) -> nn.Module:
+    """Split the GPT, or a pipeline rank's stages of it (RankStages: the GPT's names, only its
+    parts), over the mesh's tp dimension in place; the plan's entries for parts a stage does not
+    hold are left out. The tied embedding and head share one DTensor again afterwards (both are
+    Shard(0) of the same rows); under pp they sit on different ranks, each Shard(0) alike."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    tied = model.head.weight is model.tok_emb.weight
-    parallelize_module(model, mesh, gpt_plan(sequence_parallel))
-    if tied:
-        model.head.weight = model.tok_emb.weight
+    tied = _tied(model)
+    plan = gpt_plan(sequence_parallel)
+    held = {k: v for k, v in plan.items() if hasattr(model, k.split(".")[0])}
+    parallelize_module(model, mesh, held)
+    if tied is not None:
+        head, emb = tied
+        head.weight = emb.weight
     return model

@@ -21,6 +21,17 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
     return to_local() if to_local is not None else grad
 
 
+def _in_param_layout(p: nn.Parameter) -> None:
+    """A tensor-parallel gradient in its parameter's layout: DTensor's backward leaves the
+    vocabulary-split embedding's gradient whole (Replicate) and the head's split (Shard(0)); the
+    tied pair's local tensors must hold the same rows. Local, no communication."""
+    from torch.distributed.tensor import DTensor
+
+    grad = p.grad
+    if isinstance(p, DTensor) and isinstance(grad, DTensor) and grad.placements != p.placements:
+        p.grad = grad.redistribute(grad.device_mesh, p.placements)
+
+
 def _tied_group(ctx: DistContext) -> Any:
     """The process group of this rank's first and last pipeline ranks (same data- and
     tensor-parallel place). Collective: every rank creates every pair, in one order."""
@@ -51,6 +62,7 @@ class PipelineGradients:
     def sync(self) -> None:
         for p in self.tied:
             if p.grad is not None:
+                _in_param_layout(p)
                 dist.all_reduce(_local(p.grad), group=self.tied_group)
 
     @torch.no_grad()

@@ -66,7 +66,8 @@ def too_few_gpus(cfg: RootConfig, gpus: int) -> ConfigError:
             "(torch.cuda.device_count() is 0).",
             elsewhere + ".",
         )
-    fewer = [dp for dp in range(gpus // cfg.parallel.tp, 0, -1) if _splits(cfg, dp)]  # x tp
+    model_ranks = cfg.parallel.tp * cfg.parallel.pp  # a dp rank's tp x pp ranks
+    fewer = [dp for dp in range(gpus // model_ranks, 0, -1) if _splits(cfg, dp)]
     here = f"use the {gpus} GPU(s) here with parallel.dp={fewer[0]}, or " if fewer else ""
     return ConfigError(
         "parallel.dp",

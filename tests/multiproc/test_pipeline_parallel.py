@@ -1,8 +1,8 @@
 """`launch train parallel.pp=2` on real gloo ranks: the schedule's micro-batches are the
 accumulation's, the last stage backpropagates the token-exact loss inside the schedule, and the
 loss, the whole model's gradient norm and the token count of every step equal one process's on
-the same global batches; a pp=2 checkpoint (the whole model's names) resumes on dp=2 without
-pp and goes on exactly."""
+the same global batches, at dp=2 x tp=2 x pp=2 too (the 3-D mesh, one launch of 8 ranks); a pp=2
+checkpoint (the whole model's names) resumes on dp=2 without pp and goes on exactly."""
 
 from __future__ import annotations
 
@@ -57,6 +57,26 @@ def test_dp2_pp2_equals_one_process(tmp_path: Path, one_process: list[dict[str, 
     split = ["parallel.dp=2", "parallel.pp=2", "batch.grad_accum=2", "engine=fsdp"]
     run_launch([*COMMON, *split], tmp_path)
     assert_equal_steps(tmp_path, one_process)
+
+
+def test_dp2_tp2_pp2_equals_one_process_and_exports_its_weights(
+    tmp_path: Path, one_process: list[dict[str, Any]], one_process_run: Path
+) -> None:
+    """8 ranks, the 3-D mesh: each stage's blocks split over its tp pair (sequence parallel),
+    recomputed, FSDP2 over its dp pair, 1F1B over the two stages; one process's steps. The DCP
+    checkpoint of the DTensor shards of both stages exports as one process's weights."""
+    run_dir = tmp_path / "run"
+    split = ["parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "batch.grad_accum=2"]
+    run_launch([*COMMON, *split, "engine=fsdp", "ac=full"], run_dir, timeout=600)  # 8 ranks
+    assert_equal_steps(run_dir, one_process)
+    summary = read_summary(run_dir)
+    assert (summary["world_size"], summary["dp"], summary["tp"], summary["pp"]) == (8, 2, 2, 2)
+    run_launch(["export", str(run_dir), "--output", str(tmp_path / "ours")])
+    run_launch(["export", str(one_process_run), "--output", str(tmp_path / "theirs")])
+    ours = load_file(tmp_path / "ours" / "model.safetensors")
+    theirs = load_file(tmp_path / "theirs" / "model.safetensors")
+    assert sorted(ours) == sorted(theirs)
+    assert max(float((ours[k] - theirs[k]).abs().max()) for k in theirs) < 1e-5
 
 
 def test_interleaved_1f1b_on_four_layers_and_its_validation_loss_equal_one_process(

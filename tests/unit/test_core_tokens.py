@@ -23,6 +23,7 @@ from tests.once import built_once
         (["train", "+parallel.dp=3"], 3),
         (["train", "parallel.dp=1,2", "--multirun"], 2),  # a sweep's points run one at a time
         (["verify", "parallel.dp=2"], 2),
+        (["train", "parallel.dp=2", "parallel.tp=2", "parallel.pp=2"], 8),  # dp x tp x pp
         (["train"], 1),
         (["plan", "parallel.dp=64"], 1),  # plans start nothing
         (["train", "cluster=slurm", "parallel.dp=2"], 1),  # the cluster's jobs run the ranks

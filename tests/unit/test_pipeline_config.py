@@ -98,10 +98,9 @@ def test_1f1b_with_fewer_micro_batches_than_stages_is_refused_naming_grad_accum(
         (["adapter=lora"], "adapter", "adapter=none"),
         (["train.compile=true"], "train.compile", "train.compile=false"),
         (["ac=selective"], "ac", "ac=full"),
-        (["parallel.tp=2"], "parallel.tp", "parallel.tp=1"),
         (["model=hf", "model.config=tests/fixtures/tiny_llama.json"], "model", None),
     ],
-    ids=["deepspeed", "async", "lora", "compile", "selective", "tp", "hf"],
+    ids=["deepspeed", "async", "lora", "compile", "selective", "hf"],
 )
 def test_what_does_not_compose_is_refused_naming_the_key(
     overrides: list[str], key: str, fix: str | None
