@@ -2,7 +2,7 @@
 meters the bytes autograd saves over a step of its schedule (launcher/parallel/pipeline_meter.py)
 and summary.json sets the peak beside plan.json's figure for that rank. One launch per schedule,
 on a 3-block model whose default split is unequal (balanced by the plan), also token-exact
-against one process."""
+against one process. And three virtual stages per rank through the interleaved schedule."""
 
 from __future__ import annotations
 
@@ -55,3 +55,22 @@ def test_each_rank_holds_the_activations_its_plan_says(
     assert [m["tokens"] for m in metrics] == [m["tokens"] for m in one_process]
     for key in ("loss", "grad_norm"):
         assert max_rel_diff([m[key] for m in metrics], [m[key] for m in one_process]) < 1e-5
+
+
+def test_three_virtual_stages_per_rank_equal_one_process(tmp_path: Path) -> None:
+    """parallel.pp_stages_per_rank=3: six one-block stages, 0, 2, 4 on rank 0 and 1, 3, 5 on
+    rank 1, through the interleaved schedule; one process's numbers, and the plan's interleaved
+    figure an upper bound of what each rank holds."""
+    six = [*(o for o in THREE if not o.startswith("model.n_layer")), "model.n_layer=6"]
+    run_launch(six, tmp_path / "one")
+    interleaved = ["parallel.pp_schedule=interleaved_1f1b", "parallel.pp_stages_per_rank=3"]
+    run_launch([*six, "parallel.pp=2", "batch.grad_accum=2", *interleaved], tmp_path / "pp")
+    pipeline = read_summary(tmp_path / "pp")["pipeline"]
+    assert [r["stages"] for r in pipeline["ranks"]] == [[0, 2, 4], [1, 3, 5]]
+    assert [s["blocks"] for s in pipeline["stages"]] == [[0], [1], [2], [3], [4], [5]]
+    for rank in pipeline["ranks"]:
+        assert 0 < rank["activation_bytes_measured"] <= rank["activation_bytes_planned"]
+    ours, theirs = read_metrics(tmp_path / "pp"), read_metrics(tmp_path / "one")
+    assert [m["tokens"] for m in ours] == [m["tokens"] for m in theirs]
+    for key in ("loss", "grad_norm"):
+        assert max_rel_diff([m[key] for m in ours], [m[key] for m in theirs]) < 1e-5
