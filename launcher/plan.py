@@ -15,12 +15,14 @@ from typing import Any
 
 from launcher.config.adapter import AdapterConfig
 from launcher.config.load import to_plain
-from launcher.config.pipeline import bubble, describe_stages, pipeline_lines
+from launcher.config.pipeline import bubble, pipeline_lines
 from launcher.config.root import RootConfig
+from launcher.config.stages import stage_layout
 from launcher.data.build import model_vocab
 from launcher.data.vocab import vocab_source
 from launcher.engines import engine_spec
 from launcher.memory.auto import plan_and_choose
+from launcher.memory.parts import MemoryPlan
 from launcher.memory.table import beside_full, memory_table, mib
 from launcher.models.probe import ModelInfo, inspect_model
 from launcher.parallel.mesh import mesh_lines
@@ -36,16 +38,24 @@ def model_info(cfg: RootConfig) -> ModelInfo:
     return inspect_model(cfg, engine_spec(cfg.engine.name).needs_blocks(cfg))
 
 
-def pipeline_plan(cfg: RootConfig, grad_accum: int) -> dict[str, Any] | None:
-    """plan.json's `pipeline` (pp > 1): the schedule, its bubble, each stage's rank and blocks."""
-    pp, schedule = cfg.parallel.pp, cfg.parallel.pp_schedule
-    if pp == 1:
+def pipeline_plan(cfg: RootConfig, grad_accum: int, memory: MemoryPlan) -> dict[str, Any] | None:
+    """plan.json's `pipeline` (pp > 1): the schedule, its stages per rank and split, its bubble,
+    each stage's rank, blocks and saved activation bytes of one micro-batch, and each pipeline
+    rank's memory plan (launcher/memory/stages.py)."""
+    if cfg.parallel.pp == 1:
         return None
-    n_blocks = getattr(cfg.model, "n_layer", 0)  # the config allows the built-in GPT only
+    layout = stage_layout(cfg)
+    planned = memory.pipeline or {}
+    stages = layout.describe()
+    for stage, saved in zip(stages, planned.get("stage_activation_bytes", []), strict=False):
+        stage["activation_bytes"] = saved
     return {
-        "schedule": schedule,
-        "bubble": round(bubble(pp, grad_accum, schedule), 4),
-        "stages": describe_stages(pp, schedule, n_blocks),
+        "schedule": layout.schedule,
+        "stages_per_rank": layout.per_rank,
+        "split": list(layout.starts),
+        "bubble": round(bubble(layout.pp, grad_accum, layout.per_rank), 4),
+        "stages": stages,
+        "ranks": planned.get("ranks", []),
     }
 
 
@@ -129,20 +139,13 @@ class Plan:
         data["files"] = list(self.files)
         return data
 
-    def _pipeline_lines(self) -> list[str]:
-        if self.pipeline is None:
-            return []
-        stages = self.pipeline["stages"]
-        n_blocks = sum(len(s["blocks"]) for s in stages)
-        return pipeline_lines(self.pp, self.pipeline["schedule"], n_blocks, self.grad_accum)
-
     def describe(self) -> str:
         stage = f" (ZeRO stage {self.zero_stage})" if self.zero_stage is not None else ""
         lines = [
             f"world       {self.world_size} rank(s) on {self.nodes} node(s), {self.ranks_per_node} "
             "per node",
             *mesh_lines(self.dp, self.tp, self.sequence_parallel, self.pp),
-            *self._pipeline_lines(),
+            *(pipeline_lines(self.pipeline, self.grad_accum) if self.pipeline else []),
             f"batch       {self.global_size} sequences/step = dp {self.dp} x grad_accum "
             f"{self.grad_accum} x micro {self.micro_size}",
             f"tokens/step {self.tokens_per_step:,} positions ({self.global_size} x seq_len "
@@ -219,7 +222,7 @@ def build_plan(cfg: RootConfig, run_dir: Path, runner: Runner) -> Plan:
         tp=cfg.parallel.tp,
         sequence_parallel=cfg.parallel.sequence_sharded,
         pp=cfg.parallel.pp,
-        pipeline=pipeline_plan(cfg, split.grad_accum),
+        pipeline=pipeline_plan(cfg, split.grad_accum, choice.plan),
         nodes=cfg.parallel.nodes,
         ranks_per_node=cfg.parallel.ranks_per_node,
         global_size=split.global_size,

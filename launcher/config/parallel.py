@@ -46,6 +46,14 @@ class ParallelConfig:
     pp_schedule: str = "1f1b"
     """With pp > 1: gpipe | 1f1b | interleaved_1f1b, the order the stages run the micro-batches
     in (1f1b: at least pp micro-batches, batch.grad_accum >= pp)."""
+    pp_stages_per_rank: int | None = None
+    """Virtual stages per pipeline rank (stage s on rank s % pp): null = 2 for interleaved_1f1b,
+    else 1; gpipe and 1f1b run one."""
+    pp_split: list[int] | None = None
+    """With pp > 1: the block indices where stages 1, 2, ... start (pp x stages per rank - 1 of
+    them, increasing), e.g. [3] for 2 stages over 4 blocks. null: balanced by the memory plan
+    (each block's state and activations, the embedding on the first stage, the final norm and
+    head on the last), resolved by the plan into the config the ranks run."""
 
     def __post_init__(self) -> None:
         require_positive("parallel.dp", self.dp)

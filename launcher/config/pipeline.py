@@ -1,62 +1,33 @@
-"""Pipeline parallelism (parallel.pp > 1): which blocks each stage holds, what each schedule needs
+"""Pipeline parallelism (parallel.pp > 1): the stage keys (parallel.pp_stages_per_rank,
+parallel.pp_split; the layout they give is launcher/config/stages.py), what each schedule needs
 of the accumulation, and what pp composes with today; checked before anything starts, one
-ConfigError each, naming the keys, with a Fix that works as printed (docs/parallelism.md)."""
+ConfigError each, naming the keys, with a Fix that works as printed (docs/parallelism.md). And
+`launch plan`'s pipeline lines."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
 
 from launcher.config.ac import AcPolicy
 from launcher.config.batch import divisors
+from launcher.config.checks import require_positive
 from launcher.config.engine import EngineName, Offload
 from launcher.config.model import ModelConfig
+from launcher.config.stages import INTERLEAVED, even_starts, stages_per_rank
 from launcher.config.train import Precision
 from launcher.errors import ConfigError
 
 if TYPE_CHECKING:
     from launcher.config.root import RootConfig
 
-GPIPE, ONE_F_ONE_B, INTERLEAVED = "gpipe", "1f1b", "interleaved_1f1b"
+GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
 SCHEDULES = (GPIPE, ONE_F_ONE_B, INTERLEAVED)
 """parallel.pp_schedule's values (torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B,
 ScheduleInterleaved1F1B)."""
 NOT_YET = "parallel.pp=1"
 """The fix that always works: no pipeline."""
-
-
-def stages_per_rank(schedule: str) -> int:
-    """Virtual stages per pipeline rank: 2 for the interleaved schedule, else 1."""
-    return 2 if schedule == INTERLEAVED else 1
-
-
-def stage_blocks(n_blocks: int, stages: int) -> list[range]:
-    """The blocks of each stage, in order: equal runs of consecutive blocks (the embedding rides
-    on the first stage, the final norm and the head on the last). stages divides n_blocks (the
-    config checks it first)."""
-    per = n_blocks // stages
-    return [range(s * per, (s + 1) * per) for s in range(stages)]
-
-
-def stage_ranks(pp: int, schedule: str) -> list[int]:
-    """The pipeline rank of each stage: loop style, stage s on rank s % pp (torch's default for
-    the one- and the interleaved schedules)."""
-    return [s % pp for s in range(pp * stages_per_rank(schedule))]
-
-
-def describe_stages(pp: int, schedule: str, n_blocks: int) -> list[dict[str, object]]:
-    """plan.json's `pipeline.stages`: per stage its pp rank and blocks."""
-    stages = pp * stages_per_rank(schedule)
-    ranks = stage_ranks(pp, schedule)
-    return [
-        {
-            "stage": s,
-            "pp_rank": ranks[s],
-            "blocks": list(blocks),
-            "embedding": s == 0,
-            "head": s == stages - 1,
-        }
-        for s, blocks in enumerate(stage_blocks(n_blocks, stages))
-    ]
+BALANCED = "parallel.pp_split=null (balanced by the memory plan)"
 
 
 def accumulation_ok(schedule: str, pp: int, grad_accum: int) -> bool:
@@ -70,8 +41,8 @@ def accumulation_ok(schedule: str, pp: int, grad_accum: int) -> bool:
 
 
 def check_pipeline(cfg: RootConfig) -> None:
-    """parallel.pp > 1: the model, the layers, the schedule's accumulation and the features it
-    composes with. pp=1 passes untouched."""
+    """parallel.pp > 1: the model, the stages, the schedule's accumulation and the features it
+    composes with. pp=1 passes with its stage keys at their defaults."""
     parallel = cfg.parallel
     if parallel.pp_schedule not in SCHEDULES:
         raise ConfigError(
@@ -79,8 +50,16 @@ def check_pipeline(cfg: RootConfig) -> None:
             f"{parallel.pp_schedule!r} is not a pipeline schedule.",
             f"set parallel.pp_schedule to one of {', '.join(SCHEDULES)}.",
         )
+    _check_stages_per_rank(cfg)
     pp = parallel.pp
     if pp == 1:
+        if parallel.pp_split:
+            raise ConfigError(
+                ["parallel.pp_split", "parallel.pp"],
+                f"parallel.pp_split={_show(parallel.pp_split)} names where pipeline stages "
+                "start, and parallel.pp=1 runs no pipeline.",
+                "set parallel.pp_split=null, or a parallel.pp above 1.",
+            )
         return
     if cfg.engine.name == EngineName.deepspeed:
         raise ConfigError(
@@ -98,26 +77,84 @@ def check_pipeline(cfg: RootConfig) -> None:
             f"set {NOT_YET}, or train the built-in GPT (model=tiny, small or gpt2).",
         )
     _check_layers(cfg, model)
+    _check_split(cfg, model)
     _check_accumulation(cfg)
     _check_features(cfg)
 
 
-def _check_layers(cfg: RootConfig, model: ModelConfig) -> None:
-    pp, schedule = cfg.parallel.pp, cfg.parallel.pp_schedule
-    stages = pp * stages_per_rank(schedule)
-    if model.n_layer % stages == 0:
+def _show(split: list[int]) -> str:
+    """A list as the command line writes it (one shell word)."""
+    return "[" + ",".join(str(i) for i in split) + "]"
+
+
+def _check_stages_per_rank(cfg: RootConfig) -> None:
+    """parallel.pp_stages_per_rank: several only for the interleaved schedule, which needs two
+    at least (with one it is 1F1B)."""
+    parallel = cfg.parallel
+    asked = parallel.pp_stages_per_rank
+    if asked is None:
         return
-    per_rank = stages_per_rank(schedule)
-    fits = [d // per_rank for d in divisors(model.n_layer) if d % per_rank == 0 and d > per_rank]
-    below = [p for p in fits if p < pp]
+    require_positive("parallel.pp_stages_per_rank", asked)
+    schedule = parallel.pp_schedule
+    if schedule != INTERLEAVED and asked != 1:
+        raise ConfigError(
+            ["parallel.pp_stages_per_rank", "parallel.pp_schedule"],
+            f"parallel.pp_stages_per_rank={asked}: the {schedule} schedule runs one stage per "
+            "pipeline rank; virtual stages are the interleaved schedule's.",
+            f"set parallel.pp_stages_per_rank=1, or parallel.pp_schedule={INTERLEAVED}.",
+        )
+    if schedule == INTERLEAVED and asked < 2:
+        raise ConfigError(
+            ["parallel.pp_stages_per_rank", "parallel.pp_schedule"],
+            f"parallel.pp_stages_per_rank={asked}: the {INTERLEAVED} schedule interleaves "
+            "several stages per rank (with one it is 1f1b).",
+            "set parallel.pp_stages_per_rank=2, or parallel.pp_schedule=1f1b.",
+        )
+
+
+def _check_layers(cfg: RootConfig, model: ModelConfig) -> None:
+    """Every stage holds one block at least: pp x stages per rank <= model.n_layer."""
+    parallel = cfg.parallel
+    pp = parallel.pp
+    per_rank = stages_per_rank(parallel.pp_schedule, parallel.pp_stages_per_rank)
+    stages = pp * per_rank
+    if model.n_layer >= stages:
+        return
+    below = [p for p in range(2, pp) if p * per_rank <= model.n_layer]
     fix = f"set parallel.pp={below[-1]}" if below else f"set {NOT_YET}"
     many = f" ({per_rank} per rank)" if per_rank > 1 else ""
     raise ConfigError(
         ["parallel.pp", "model.n_layer"],
-        f"parallel.pp={pp} needs {stages} stages{many} of whole blocks, and the model's "
-        f"n_layer={model.n_layer} blocks do not split into {stages} equal stages.",
-        f"{fix}, or a model.n_layer that is a multiple of {stages} "
-        f"(e.g. model.n_layer={-(-model.n_layer // stages) * stages}).",
+        f"parallel.pp={pp} needs {stages} stages{many} of one block at least, and the model "
+        f"has n_layer={model.n_layer} blocks.",
+        f"{fix}, or a model.n_layer of at least {stages} (e.g. model.n_layer={stages}).",
+    )
+
+
+def _check_split(cfg: RootConfig, model: ModelConfig) -> None:
+    """parallel.pp_split: one start per stage after the first, increasing, inside the model, so
+    that no stage is empty."""
+    parallel = cfg.parallel
+    split = parallel.pp_split
+    if split is None:
+        return
+    per_rank = stages_per_rank(parallel.pp_schedule, parallel.pp_stages_per_rank)
+    stages, n = parallel.pp * per_rank, model.n_layer
+    problem = None
+    if len(split) != stages - 1:
+        problem = f"has {len(split)} start(s); {stages} stages need {stages - 1}"
+    elif any(not 1 <= i <= n - 1 for i in split):
+        problem = f"names a block outside 1..{n - 1} (stage 0 starts at block 0)"
+    elif any(b <= a for a, b in pairwise(split)):
+        problem = "is not strictly increasing, so a stage would hold no block"
+    if problem is None:
+        return
+    many = f" ({per_rank} per rank)" if per_rank > 1 else ""
+    raise ConfigError(
+        ["parallel.pp_split", "parallel.pp"],
+        f"parallel.pp_split={_show(split)} {problem}: the blocks where stages 1..{stages - 1} "
+        f"start, for {stages} stages{many} over model.n_layer={n} blocks.",
+        f"set parallel.pp_split={_show(even_starts(n, stages))} (the even split), or {BALANCED}.",
     )
 
 
@@ -175,41 +212,39 @@ def _check_features(cfg: RootConfig) -> None:
             )
 
 
-def bubble(pp: int, grad_accum: int, schedule: str) -> float:
+def bubble(pp: int, grad_accum: int, per_rank: int = 1) -> float:
     """The share of a step a stage idles in the pipeline's fill and drain (the standard analysis):
     (pp - 1) / (v x grad_accum + pp - 1), v the stages per rank."""
-    return (pp - 1) / (stages_per_rank(schedule) * grad_accum + pp - 1)
+    return (pp - 1) / (per_rank * grad_accum + pp - 1)
 
 
-def pipeline_lines(pp: int, schedule: str, n_blocks: int, grad_accum: int) -> list[str]:
-    """`launch plan`'s lines for the pipeline (none at pp=1): the schedule, its bubble, and which
-    blocks each stage holds."""
-    if pp == 1:
-        return []
+def pipeline_lines(pipeline: dict[str, Any], grad_accum: int) -> list[str]:
+    """`launch plan`'s lines for plan.json's `pipeline`: the schedule, its bubble, the blocks of
+    each stage, and per pipeline rank what the memory plan holds."""
+    stages, ranks = pipeline["stages"], pipeline.get("ranks", [])
+    pp = len({s["pp_rank"] for s in stages})
+    virtual = f", {len(stages) // pp} stages per rank" if len(stages) > pp else ""
     lines = [
-        f"pipeline    pp {pp}, schedule {schedule}, {grad_accum} micro-batch(es) per step "
-        f"(batch.grad_accum), bubble {bubble(pp, grad_accum, schedule):.0%}"
+        f"pipeline    pp {pp}, schedule {pipeline['schedule']}{virtual}, {grad_accum} "
+        f"micro-batch(es) per step (batch.grad_accum), bubble {pipeline['bubble']:.0%}"
     ]
-    for stage in describe_stages(pp, schedule, n_blocks):
+    for stage in stages:
         blocks = stage["blocks"]
-        assert isinstance(blocks, list)
         parts = [f"blocks {blocks[0]}-{blocks[-1]}" if len(blocks) > 1 else f"block {blocks[0]}"]
         if stage["embedding"]:
             parts.insert(0, "embedding")
         if stage["head"]:
             parts.append("final norm and head")
-        lines.append(f"  stage {stage['stage']} on pp rank {stage['pp_rank']}: {', '.join(parts)}")
+        saved = stage.get("activation_bytes")
+        each = f" ({saved / 2**20:,.2f} MiB saved per micro-batch)" if saved is not None else ""
+        where = f"  stage {stage['stage']} on pp rank {stage['pp_rank']}"
+        lines.append(f"{where}: {', '.join(parts)}{each}")
+    for rank in ranks:
+        peak = " (the plan's peak)" if rank.get("peak") else ""
+        lines.append(
+            f"  pp rank {rank['pp_rank']}: {rank['parameters']:,} parameters, activations held "
+            f"{rank['activation_bytes'] / 2**20:,.2f} MiB ({rank['held_micro_batches']:g} "
+            f"micro-batch(es) at its peak), planned peak {rank['planned_peak_bytes'] / 2**20:,.1f} "
+            f"MiB{peak}"
+        )
     return lines
-
-
-def held_micro_batches(schedule: str, pp: int, grad_accum: int) -> float:
-    """Micro-batches whose activations the busiest pipeline rank holds at once, in units of one
-    micro-batch through that rank's blocks: GPipe all of them; 1F1B the first stage's warm-up,
-    pp; interleaved (v = 2 virtual stages) its warm-up of (v - 1) pp + 2 (pp - 1) virtual
-    micro-batches plus one in flight (torch's _get_warmup_ops), each 1/v of the rank's blocks."""
-    if schedule == GPIPE:
-        return float(grad_accum)
-    if schedule == ONE_F_ONE_B:
-        return float(min(grad_accum, pp))
-    v = stages_per_rank(schedule)
-    return min(grad_accum * v, (v - 1) * pp + 2 * (pp - 1) + 2) / v

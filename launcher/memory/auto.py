@@ -25,7 +25,7 @@ from launcher.memory.parts import MemoryPlan
 from launcher.memory.planner import Planner
 from launcher.models.probe import ModelInfo
 from launcher.models.shape import ModelShape
-from launcher.parallel.shape import per_pp_rank, per_tp_rank
+from launcher.parallel.shape import per_tp_rank
 
 MICRO_BATCH_OVERHEAD = 0.25
 """Step-time model: a micro-batch of one sequence costs this much more per sequence than a large
@@ -164,9 +164,10 @@ def plan_and_choose(
         info.trainable,
         info.block_trainable,
     )
-    # one tensor- and pipeline-rank's share
-    shape = per_pp_rank(cfg, per_tp_rank(cfg, shape, info.tp_share))
-    choice = choose(Planner(cfg, shape), budget)
+    # one tensor-parallel rank's share; a pipeline rank's is planned from its stages
+    planner = Planner(cfg, per_tp_rank(cfg, shape, info.tp_share))
+    cfg = planner.cfg = planner.with_balanced_split()  # parallel.pp_split=null: the plan's
+    choice = choose(planner, budget)
     return resolved(cfg, choice), choice
 
 

@@ -54,6 +54,9 @@ class MemoryPlan:
     """How the activations were found (launcher/memory/probe.py)."""
     host_parts: dict[str, int] = field(default_factory=dict)
     """What engine.offload keeps in host memory, per rank (not in `parts` nor the peak)."""
+    pipeline: dict[str, Any] | None = None
+    """parallel.pp > 1: every stage's saved bytes of one micro-batch and every pipeline rank's
+    plan (launcher/memory/stages.py); this plan is the busiest rank's. plan.json's `pipeline`."""
 
     @property
     def peak(self) -> int:
@@ -95,7 +98,7 @@ def plan_memory(
     micro_size: int,
 ) -> MemoryPlan:
     cfg = at_micro_size(cfg, micro_size)
-    shards = activation_divisor(cfg)  # tensor, sequence and pipeline parallel: a rank's share
+    shards = activation_divisor(cfg)  # tensor and sequence parallel: a rank's share
     parts = {**state_parts(cfg, shape), "activations": activations.peak(micro_size) // shards}
     host = host_parts(cfg, shape)
     return MemoryPlan(

@@ -12,6 +12,7 @@ from launcher.config.model import ModelConfig
 from launcher.config.root import RootConfig
 from launcher.memory.parts import MemoryPlan, plan_memory
 from launcher.memory.probe import ActivationLine, probe_activations
+from launcher.memory.stages import balanced_split, plan_stages, without_a_block
 from launcher.models.shape import ModelShape
 
 GENERIC_FLOPS = {
@@ -44,11 +45,28 @@ class Planner:
     cfg: RootConfig
     shape: ModelShape
     lines: dict[AcPolicy, ActivationLine] = field(default_factory=dict)
+    less_one: dict[AcPolicy, ActivationLine] = field(default_factory=dict)
+    """parallel.pp > 1: the probe of the model less one block (launcher/memory/stages.py)."""
 
     def line(self, policy: AcPolicy) -> ActivationLine:
         if policy not in self.lines:
             self.lines.update(probe_activations(self.cfg, [policy]))
         return self.lines[policy]
+
+    def block_line(self, policy: AcPolicy) -> ActivationLine:
+        if policy not in self.less_one:
+            self.less_one.update(probe_activations(without_a_block(self.cfg), [policy]))
+        return self.less_one[policy]
+
+    def with_balanced_split(self) -> RootConfig:
+        """The request with parallel.pp_split resolved (pp > 1 and null: balanced by the plan's
+        costs); the request itself otherwise. Micro size and policy are given under pp."""
+        cfg = self.cfg
+        if cfg.parallel.pp == 1 or cfg.parallel.pp_split is not None:
+            return cfg
+        micro, policy = cfg.split().micro_size, cfg.ac.policy
+        starts = balanced_split(cfg, self.shape, self.line(policy), self.block_line(policy), micro)
+        return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, pp_split=starts))
 
     def probe(self, policies: list[AcPolicy]) -> None:
         missing = [p for p in policies if p not in self.lines]
@@ -59,6 +77,9 @@ class Planner:
         cfg = cfg or self.cfg
         ac = dataclasses.replace(cfg.ac, policy=policy)
         cfg = dataclasses.replace(cfg, ac=ac)
+        if cfg.parallel.pp > 1:  # per pipeline rank, from its stages
+            whole, less_one = self.line(policy), self.block_line(policy)
+            return plan_stages(cfg, self.shape, whole, less_one, micro_size)
         return plan_memory(cfg, self.shape, self.line(policy), micro_size)
 
     def flops_ratio(self, policy: AcPolicy) -> float:

@@ -15,6 +15,7 @@ from the schedule's `losses` (one per micro-batch), never by counting calls.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -23,7 +24,12 @@ from torch import nn
 from launcher.config.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B
 from launcher.distributed import DistContext
 from launcher.parallel.mesh import PP
+from launcher.parallel.pipeline_meter import SavedBytesMeter
 from launcher.parallel.pipeline_split import RankStages
+
+MEASURED_STEPS = 2
+"""Steps whose saved activation bytes are measured (the later one is reported): the first step
+also infers the stages' shapes; later steps run unmetered."""
 
 StageLoss = Callable[..., torch.Tensor]
 """(logits, targets, scale, evaluating=False) of one micro-batch -> the quantity the last stage
@@ -55,6 +61,11 @@ class PipelineRunner:
             PipelineStage(part, part.index, module.n_stages, ctx.device, group=group)
             for part in module.stages
         ]
+        self.meter = SavedBytesMeter(module)
+        self.saved_peak_bytes: int | None = None
+        """The activation bytes this rank held for backward at once, over its last metered
+        step (launcher/parallel/pipeline_meter.py); None before a step."""
+        self._steps = 0
         self.first = any(stage.is_first for stage in self.stages)
         self.last = any(stage.is_last for stage in self.stages)
         if schedule == INTERLEAVED:
@@ -74,13 +85,18 @@ class PipelineRunner:
         this rank's stages; on the last stage's rank the loss function's value per micro-batch,
         else []."""
         losses: list[torch.Tensor] = []
-        self.schedule.step(
-            *((torch.cat(list(inputs)),) if self.first else ()),
-            target=torch.cat(list(targets)) if self.last else None,
-            losses=losses if self.last else None,
-            loss_kwargs={"scale": scale},
-            return_outputs=False,  # the logits of every micro-batch are not kept for a merge
-        )
+        self._steps += 1
+        metered = self._steps <= MEASURED_STEPS
+        with self.meter if metered else nullcontext():
+            self.schedule.step(
+                *((torch.cat(list(inputs)),) if self.first else ()),
+                target=torch.cat(list(targets)) if self.last else None,
+                losses=losses if self.last else None,
+                loss_kwargs={"scale": scale},
+                return_outputs=False,  # the logits of every micro-batch are not kept for a merge
+            )
+        if metered:
+            self.saved_peak_bytes = self.meter.peak_bytes
         return losses
 
     @torch.no_grad()

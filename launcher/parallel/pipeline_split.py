@@ -2,10 +2,11 @@
 
 A stage is a module with the GPT's own attribute names (tok_emb, pos_emb, blocks, ln_f, head)
 holding only its parts: blocks.2 stays blocks.2 on the stage that owns it, so a stage's
-state_dict keys are the whole model's (torchtitan's way). A rank's stages (one, or two with the
-interleaved schedule) are gathered in one module of the same names, `RankStages`: what the
-engine wraps, the optimizer steps and DCP checkpoints. Together the ranks' checkpoints hold one
-process's names and load into a run with another pp (or none) unchanged.
+state_dict keys are the whole model's (torchtitan's way). A rank's stages (one, or
+parallel.pp_stages_per_rank with the interleaved schedule) are gathered in one module of the
+same names, `RankStages`: what the engine wraps, the optimizer steps and DCP checkpoints.
+Together the ranks' checkpoints hold one process's names and load into a run with another pp
+(or none) unchanged.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from launcher.config.pipeline import stage_blocks, stage_ranks
+from launcher.config.root import RootConfig
+from launcher.config.stages import StageLayout, stage_layout
 from launcher.errors import ConfigError
 from launcher.models.gpt import GPT, BlockRunner, run_in_order
 
@@ -65,12 +67,11 @@ class RankStages(nn.Module):
     list, not registered: the names stay one process's) run them: each is a GPTStage sharing
     these parts, the submodule of one torch PipelineStage."""
 
-    def __init__(self, gpt: GPT, pp: int, pp_rank: int, schedule: str) -> None:
+    def __init__(self, gpt: GPT, layout: StageLayout, pp_rank: int) -> None:
         super().__init__()
-        ranks = stage_ranks(pp, schedule)
-        n_stages = len(ranks)
-        ranges = stage_blocks(len(gpt.blocks), n_stages)
-        mine = [s for s in range(n_stages) if ranks[s] == pp_rank]
+        n_stages = layout.n_stages
+        ranges = layout.ranges()
+        mine = layout.stages_of(pp_rank)
         self.stages = [GPTStage(gpt, s, ranges[s], s == 0, s == n_stages - 1) for s in mine]
         self.n_stages = n_stages
         first, last = self.stages[0].first, self.stages[-1].last
@@ -88,16 +89,16 @@ class RankStages(nn.Module):
         raise RuntimeError("a pipeline rank's stages run through its schedule (stages), not here")
 
 
-def split_for_rank(model: nn.Module, pp: int, pp_rank: int, schedule: str) -> RankStages:
-    """The stages pipeline rank `pp_rank` holds (equal runs of blocks; the config checked they
-    divide)."""
+def split_for_rank(model: nn.Module, cfg: RootConfig, pp_rank: int) -> RankStages:
+    """The stages pipeline rank `pp_rank` holds: runs of blocks from parallel.pp_split (the plan
+    resolved the balanced default into it; the config checked it)."""
     if not isinstance(model, GPT):  # the config refuses this first; a plain error, no traceback
         raise ConfigError(
             ["parallel.pp", "model"],
-            f"parallel.pp={pp}: no pipeline stages for {type(model).__name__}.",
+            f"parallel.pp={cfg.parallel.pp}: no pipeline stages for {type(model).__name__}.",
             "set parallel.pp=1.",
         )
-    return RankStages(model, pp, pp_rank, schedule)
+    return RankStages(model, stage_layout(cfg), pp_rank)
 
 
 def stage_parts(model: nn.Module) -> list[nn.Module]:

@@ -5,10 +5,8 @@ parallelism the position embedding too) counted whole."""
 from __future__ import annotations
 
 import dataclasses
-from fractions import Fraction
 
 from launcher.config.model import ModelConfig
-from launcher.config.pipeline import held_micro_batches
 from launcher.config.root import RootConfig
 from launcher.models.shape import ModelShape
 from launcher.models.tp_plan import TpShare
@@ -58,28 +56,9 @@ def per_tp_rank(cfg: RootConfig, shape: ModelShape, share: TpShare | None = None
     )
 
 
-def activation_divisor(cfg: RootConfig) -> int | Fraction:
+def activation_divisor(cfg: RootConfig) -> int:
     """What one rank's activations (of one micro-batch through the whole model) are divided by:
     tp with sequence parallelism (every activation is sharded, on the heads, the hidden width or
     the sequence), else 1 (the norms' and the residual stream's are whole: counted whole, an
-    upper bound); under pp, a rank runs 1/pp of the blocks but holds its schedule's micro-batches
-    at once (launcher/config/pipeline.py)."""
-    tp = cfg.parallel.tp if cfg.parallel.sequence_sharded else 1
-    pp = cfg.parallel.pp
-    if pp == 1:
-        return tp
-    held = held_micro_batches(cfg.parallel.pp_schedule, pp, cfg.split().grad_accum)
-    return Fraction(tp * pp) / Fraction(held)
-
-
-def per_pp_rank(cfg: RootConfig, shape: ModelShape) -> ModelShape:
-    """`shape` as the busiest pipeline rank holds it: 1/pp of the blocks, and (an upper bound)
-    every part outside the blocks (the embedding, the head's tied copy, the final norm)."""
-    pp = cfg.parallel.pp
-    if pp == 1 or not shape.n_blocks:
-        return shape
-    blocks = shape.n_blocks // pp
-    outside = shape.parameters - shape.n_blocks * shape.block_parameters
-    return dataclasses.replace(
-        shape, parameters=outside + blocks * shape.block_parameters, n_blocks=blocks
-    )
+    upper bound). A pipeline rank's share is planned per stage (launcher/memory/stages.py)."""
+    return cfg.parallel.tp if cfg.parallel.sequence_sharded else 1

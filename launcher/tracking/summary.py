@@ -80,6 +80,9 @@ class RunSummary:
     events: tuple[dict[str, Any], ...] = ()
     """The run's hangs, restarts and elastic changes so far (events.jsonl: when, why, which
     ranks and nodes, the steps redone), so summary.json and wandb's summary hold them too."""
+    pipeline: dict[str, Any] | None = None
+    """parallel.pp > 1: the stages and, per pipeline rank, the saved activation bytes it held at
+    its schedule's peak, measured and planned (launcher/worker/stage_report.py)."""
 
     @property
     def exit_status(self) -> int:
@@ -127,6 +130,8 @@ class RunSummary:
         values = clean(values)
         if self.mixture is not None:
             values["mixture"] = self.mixture
+        if self.pipeline is not None:
+            values["pipeline"] = self.pipeline
         if self.events:
             values["events"] = list(self.events)
         return values

@@ -95,7 +95,15 @@ def reference_config(split_cfg: RootConfig, grad_accum: int = 1) -> RootConfig:
         engine = {"name": split_cfg.engine.name.value, "zero_stage": split_cfg.engine.zero_stage}
     return _with(
         split_cfg,
-        parallel={"dp": 1, "nodes": 1, "tp": 1, "sequence_parallel": None, "pp": 1},
+        parallel={
+            "dp": 1,
+            "nodes": 1,
+            "tp": 1,
+            "sequence_parallel": None,
+            "pp": 1,
+            "pp_stages_per_rank": None,
+            "pp_split": None,
+        },
         batch={"global_size": global_size, "micro_size": None, "grad_accum": grad_accum},
         engine=engine,
         ac={"policy": "none"},

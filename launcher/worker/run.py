@@ -51,6 +51,7 @@ from launcher.worker.debug import debug_callbacks, loss_function, save_pause, st
 from launcher.worker.elastic import announce_restart, config_for_world
 from launcher.worker.evaluate import exact_match
 from launcher.worker.heartbeat import Heartbeat, Silent, start_heartbeat
+from launcher.worker.stage_report import pipeline_summary
 from launcher.worker.stop import (
     StopFlag,
     requeued_by_slurm,
@@ -92,7 +93,7 @@ def build_model(cfg: RootConfig, ctx: DistContext | None = None) -> nn.Module:
     # The built-in GPT or the user's own, its initial weights, then the adapters (adapter=lora).
     model = build_trained_model(cfg)
     if ctx is not None and ctx.pp > 1:  # this rank's pipeline stages, the whole model's names
-        model = split_for_rank(model, ctx.pp, ctx.pp_rank, cfg.parallel.pp_schedule)
+        model = split_for_rank(model, cfg, ctx.pp_rank)
     if ctx is not None:
         model = apply_tensor_parallel(cfg, model, ctx)
     for part in stage_parts(model):  # a pipeline rank's stages each run their blocks
@@ -143,8 +144,7 @@ def train_rank(
     evaluations = Evaluations(cfg, run_dir) if ctx.is_main and cfg.eval.harness.every else None
     if evaluations is not None:
         checkpoints.after_commit = evaluations.checkpoint_done
-    # The measured peak of the first steps, against the plan (before a checkpoint is saved).
-    planned = planned_peak_bytes(run_dir)
+    planned = planned_peak_bytes(run_dir)  # against the first steps' measured peak (no saves yet)
     meter = PeakMeter(ctx.device, engine.model, cfg.train.steps, planned, ctx.is_main)
     tracker.peak_meter = meter
     # Checkpoints first: a test's pause after a step comes once the step is saved.
@@ -195,9 +195,8 @@ def train_rank(
     meter.close()  # a resumed run may end inside the window
     peak_memory = peak_memory_bytes(ctx.device, meter)  # before the probe resets CUDA's peak
     probe_inputs, probe_targets, _ = trainer.probe_batch()
-    # Measured on a replica, no collectives: rank 0 alone writes summary.json. A tensor-parallel
-    # model's forward is collective, and decoding it is not wired in: neither runs under tp.
-    alone = ctx.tp == 1 and ctx.pp == 1  # a pipeline stage is not the whole model either
+    # On a replica, rank 0 alone: a tp or pp rank's forward is collective (pp: pipeline below).
+    alone = ctx.tp == 1 and ctx.pp == 1
     activations = (
         activation_report(cfg, engine.module, probe_inputs, probe_targets)
         if ctx.is_main and alone
@@ -239,6 +238,7 @@ def train_rank(
     summary = dataclasses.replace(
         summary,
         final_val_loss=tracker.totals.final_val_loss,
+        pipeline=pipeline_summary(ctx, trainer.pipeline, run_dir),  # collective
         mixture=(
             dataset.report(tracker.totals.source_tokens)
             if isinstance(dataset, MixtureDataset)

@@ -12,8 +12,9 @@ import pytest
 from hydra import compose
 
 from launcher.config import to_root_config
-from launcher.config.pipeline import bubble, describe_stages
+from launcher.config.pipeline import bubble
 from launcher.config.root import RootConfig
+from launcher.config.stages import stage_layout
 from launcher.distributed import DistContext
 from launcher.errors import ConfigError
 from tests.helpers import run_launch
@@ -43,12 +44,12 @@ def refusal(overrides: list[str]) -> ConfigError:
 def test_world_is_dp_times_pp_and_the_stages_split_the_blocks() -> None:
     cfg = config(["parallel.dp=2", "parallel.pp=2", "model.n_layer=4", "batch.grad_accum=2"])
     assert (cfg.parallel.world, cfg.parallel.ranks_per_node, cfg.split().dp) == (4, 4, 2)
-    stages = describe_stages(2, "1f1b", 4)
+    stages = stage_layout(cfg).describe()
     assert [(s["pp_rank"], s["blocks"], s["embedding"], s["head"]) for s in stages] == [
         (0, [0, 1], True, False),
         (1, [2, 3], False, True),
     ]
-    assert bubble(2, 4, "1f1b") == pytest.approx(1 / 5)
+    assert bubble(2, 4) == pytest.approx(1 / 5)
 
 
 def test_a_rank_knows_its_pipeline_place_and_only_the_last_stage_counts_tokens() -> None:
@@ -78,8 +79,8 @@ def test_interleaved_needs_two_stages_per_rank_of_whole_blocks() -> None:
     assert error.keys[0] == "parallel.pp"
     assert "4 stages (2 per rank)" in error.problem
     assert "model.n_layer=4" in error.fix
-    config([*interleaved, "model.n_layer=4"])  # the fix as printed
-    assert [s["pp_rank"] for s in describe_stages(2, "interleaved_1f1b", 4)] == [0, 1, 0, 1]
+    cfg = config([*interleaved, "model.n_layer=4"])  # the fix as printed
+    assert [s["pp_rank"] for s in stage_layout(cfg).describe()] == [0, 1, 0, 1]
 
 
 def test_1f1b_with_fewer_micro_batches_than_stages_is_refused_naming_grad_accum() -> None:
