@@ -38,15 +38,19 @@ def test_launch_plan_prints_the_3d_mesh_and_divides_a_stage_by_tp(tmp_path: Path
     args = ["plan", *TINY, "model.n_layer=4", "wandb.mode=disabled"]  # engine=ddp: no dp shards
     run_launch([*args, "parallel.pp=2", "batch.grad_accum=2"], tmp_path / "pp")
     proc = run_launch([*args, *THREE_D], tmp_path / "3d")
-    stage = json.loads((tmp_path / "pp" / "plan.json").read_text())["memory_plan"]["parts"]
+    pp_ranks = json.loads((tmp_path / "pp" / "plan.json").read_text())["pipeline"]["ranks"]
     plan = json.loads((tmp_path / "3d" / "plan.json").read_text())
     assert (plan["world_size"], plan["dp"], plan["tp"], plan["pp"]) == (8, 2, 2, 2)
     assert [s["blocks"] for s in plan["pipeline"]["stages"]] == [[0, 1], [2, 3]]
-    # A pp rank's share with every split layer halved: kept whole are each block's two norms and
-    # two row-parallel biases (6 d) and the final norm (2 d, counted on every stage), fp32.
+    # Each pp rank's share with every split layer halved (the embeddings too, sequence parallel):
+    # kept whole are each block's two norms and two row-parallel biases (6 d, 2 blocks per stage)
+    # and, on the last stage's rank, the final norm (2 d), fp32.
     d = 32
-    kept = 4 * (2 * 6 * d + 2 * d)  # 2 blocks per stage
-    assert plan["memory_plan"]["parts"]["parameters"] == (stage["parameters"] - kept) // 2 + kept
+    kept = [2 * 6 * d, 2 * 6 * d + 2 * d]
+    shares = [r["parameters"] for r in plan["pipeline"]["ranks"]]
+    assert shares == [(r["parameters"] - k) // 2 + k for r, k in zip(pp_ranks, kept, strict=True)]
+    peak = next(r for r in plan["pipeline"]["ranks"] if r.get("peak"))
+    assert plan["memory_plan"]["parts"]["parameters"] == 4 * peak["parameters"]
     assert (
         "mesh        (pp 2, dp 2, tp 2): 2 consecutive ranks per tensor-parallel group, "
         "sequence parallel, 4 ranks per pipeline stage" in proc.stdout
