@@ -161,14 +161,14 @@ def _check_split(cfg: RootConfig, model: ModelConfig) -> None:
 def _check_accumulation(cfg: RootConfig) -> None:
     """The schedule's micro-batches are the accumulation's: batch.grad_accum must suit it."""
     pp, schedule = cfg.parallel.pp, cfg.parallel.pp_schedule
-    if cfg.batch.auto:
-        return  # refused with the features below
     split = cfg.split()
-    if accumulation_ok(schedule, pp, split.grad_accum):
-        return
     per_rank = split.global_size // split.dp
     good = [k for k in divisors(per_rank) if accumulation_ok(schedule, pp, k)]
-    micro_set = " batch.micro_size=null" if cfg.batch.micro is not None else ""
+    if cfg.batch.auto and good:
+        return  # the plan chooses among these (launcher/memory/auto.py)
+    if not cfg.batch.auto and accumulation_ok(schedule, pp, split.grad_accum):
+        return
+    micro_set = " batch.micro_size=null" if cfg.batch.micro is not None or cfg.batch.auto else ""
     if good:
         fix = f"set batch.grad_accum={good[0]}{micro_set}"
     else:
@@ -177,10 +177,16 @@ def _check_accumulation(cfg: RootConfig) -> None:
             f"multiple of {split.dp * pp} sequences)"
         )
     need = "at least pp" if schedule == ONE_F_ONE_B else "a multiple of pp"
+    have = (
+        f"batch.micro_size=auto finds none: a rank's {per_rank} sequence(s) per step are at most "
+        f"{per_rank} micro-batch(es)"
+        if cfg.batch.auto
+        else f"batch.grad_accum is {split.grad_accum}"
+    )
     raise ConfigError(
         ["batch.grad_accum", "parallel.pp", "parallel.pp_schedule"],
         f"the {schedule} schedule streams the accumulation's micro-batches through {pp} stages "
-        f"and needs {need} of them per step; batch.grad_accum is {split.grad_accum}.",
+        f"and needs {need} of them per step; {have}.",
         f"{fix}, or parallel.pp_schedule=gpipe (any number).",
     )
 
@@ -192,7 +198,6 @@ def _check_features(cfg: RootConfig) -> None:
         ((cfg.parallel.replicate or 1) > 1, "parallel.replicate", "drop parallel.replicate"),
         (cfg.parallel.elastic, "parallel.min_nodes", "drop parallel.min_nodes"),
         (cfg.engine.offload != Offload.none, "engine.offload", "set engine.offload=none"),
-        (cfg.batch.auto, "batch.micro_size=auto", "set batch.micro_size to a number"),
         (cfg.ac.policy == AcPolicy.auto, "ac=auto", "use ac=none or ac=full"),
         (cfg.ac.policy == AcPolicy.selective, "ac=selective", "use ac=full (or every_n, sqrt)"),
         (cfg.adapter.enabled, "adapter", "set adapter=none"),

@@ -17,7 +17,9 @@ from typing import Any
 
 from launcher.config.ac import AcPolicy
 from launcher.config.batch import divisors
+from launcher.config.pipeline import accumulation_ok, bubble
 from launcher.config.root import RootConfig
+from launcher.config.stages import stages_per_rank
 from launcher.engines import engine_spec
 from launcher.errors import ConfigError
 from launcher.memory.budget import SAFETY_MARGIN, Budget, over_budget, size, usable
@@ -53,7 +55,25 @@ class Choice:
 
 
 def relative_step_time(planner: Planner, micro_size: int, policy: AcPolicy) -> float:
-    return planner.flops_ratio(policy) * (1 + MICRO_BATCH_OVERHEAD / micro_size)
+    """The step time model: recompute's FLOPs, each micro-batch's fixed cost and, under pp, the
+    pipeline's bubble (fewer, larger micro-batches idle the stages longer)."""
+    time = planner.flops_ratio(policy) * (1 + MICRO_BATCH_OVERHEAD / micro_size)
+    parallel = planner.cfg.parallel
+    if parallel.pp == 1:
+        return time
+    split = planner.cfg.split()
+    grad_accum = split.global_size // split.dp // micro_size
+    per_rank = stages_per_rank(parallel.pp_schedule, parallel.pp_stages_per_rank)
+    return time / (1 - bubble(parallel.pp, grad_accum, per_rank))
+
+
+def candidate_micro_sizes(cfg: RootConfig) -> list[int]:
+    """batch.micro_size=auto's candidates, largest first: the divisors of a rank's share of the
+    global batch whose accumulation the pipeline's schedule runs."""
+    split = cfg.split()
+    per_rank = split.global_size // split.dp
+    schedule, pp = cfg.parallel.pp_schedule, cfg.parallel.pp
+    return [m for m in reversed(divisors(per_rank)) if accumulation_ok(schedule, pp, per_rank // m)]
 
 
 def _request(cfg: RootConfig) -> dict[str, Any]:
@@ -67,11 +87,12 @@ def choose(planner: Planner, budget: Budget | None) -> Choice:
     split = cfg.split()
     per_rank = split.global_size // split.dp
     auto_micro, auto_ac = cfg.batch.auto, cfg.ac.policy == AcPolicy.auto
-    micros = list(reversed(divisors(per_rank))) if auto_micro else []
+    micros = candidate_micro_sizes(cfg) if auto_micro else []
     micros = micros or [split.micro_size]
     policies = planner.policies() if auto_ac else [cfg.ac.policy]
-    if budget is None:
-        micro, policy = micros[0], policies[0]
+    if budget is None:  # the fastest by the step-time model: the largest micro size at pp=1
+        policy = policies[0]
+        micro = min(micros, key=lambda m: (relative_step_time(planner, m, policy), -m))
         plan = planner.plan(micro, policy)
         why = "no memory budget (set train.memory_budget: a SLURM job on GPUs has no default)"
         reason = _reason(micro, policy, per_rank, why, auto_micro, auto_ac)
@@ -112,7 +133,10 @@ def choose(planner: Planner, budget: Budget | None) -> Choice:
     larger = [m for m in micros if m > micro]
     if auto_micro and larger:
         bigger = planner.plan(larger[-1], policy)
-        why += f"; batch.micro_size={larger[-1]} would need {size(bigger.peak)}"
+        if bigger.peak > target:
+            why += f"; batch.micro_size={larger[-1]} would need {size(bigger.peak)}"
+        else:  # under pp, fewer micro-batches leave a larger bubble
+            why += f"; batch.micro_size={larger[-1]} fits but its steps are slower"
     if offload is not None:
         moved = size(sum(plan.host_parts.values()))
         why = (
@@ -147,6 +171,9 @@ def resolved(cfg: RootConfig, choice: Choice) -> RootConfig:
         cfg = dataclasses.replace(cfg, batch=batch)
     if cfg.ac.policy == AcPolicy.auto:
         cfg = dataclasses.replace(cfg, ac=dataclasses.replace(cfg.ac, policy=choice.policy))
+    if cfg.parallel.pp > 1 and cfg.parallel.pp_split is None and choice.plan.pipeline:
+        split = choice.plan.pipeline["split"]  # balanced at the chosen micro size
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, pp_split=split))
     return cfg
 
 

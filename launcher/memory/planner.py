@@ -62,9 +62,11 @@ class Planner:
         """The request with parallel.pp_split resolved (pp > 1 and null: balanced by the plan's
         costs); the request itself otherwise. Micro size and policy are given under pp."""
         cfg = self.cfg
-        if cfg.parallel.pp == 1 or cfg.parallel.pp_split is not None:
-            return cfg
-        micro, policy = cfg.split().micro_size, cfg.ac.policy
+        if cfg.parallel.pp == 1 or cfg.parallel.pp_split is not None or cfg.batch.auto:
+            return cfg  # batch.micro_size=auto: balanced at each candidate micro size (plan)
+        return self._balanced(cfg, cfg.split().micro_size, cfg.ac.policy)
+
+    def _balanced(self, cfg: RootConfig, micro: int, policy: AcPolicy) -> RootConfig:
         starts = balanced_split(cfg, self.shape, self.line(policy), self.block_line(policy), micro)
         return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, pp_split=starts))
 
@@ -78,6 +80,8 @@ class Planner:
         ac = dataclasses.replace(cfg.ac, policy=policy)
         cfg = dataclasses.replace(cfg, ac=ac)
         if cfg.parallel.pp > 1:  # per pipeline rank, from its stages
+            if cfg.parallel.pp_split is None:
+                cfg = self._balanced(cfg, micro_size, policy)
             whole, less_one = self.line(policy), self.block_line(policy)
             return plan_stages(cfg, self.shape, whole, less_one, micro_size)
         return plan_memory(cfg, self.shape, self.line(policy), micro_size)

@@ -155,7 +155,8 @@ def plan_stages(
     peak = max(range(layout.pp), key=lambda r: plans[r].peak)
     ranks[peak]["peak"] = True
     return dataclasses.replace(
-        plans[peak], pipeline={"stage_activation_bytes": saved, "ranks": ranks}
+        plans[peak],
+        pipeline={"split": list(layout.starts), "stage_activation_bytes": saved, "ranks": ranks},
     )
 
 

@@ -24,6 +24,7 @@ from torch import nn
 from launcher.config.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B
 from launcher.distributed import DistContext
 from launcher.parallel.mesh import PP
+from launcher.parallel.pipeline_clock import BubbleClock
 from launcher.parallel.pipeline_meter import SavedBytesMeter
 from launcher.parallel.pipeline_split import RankStages
 
@@ -62,6 +63,11 @@ class PipelineRunner:
             for part in module.stages
         ]
         self.meter = SavedBytesMeter(module)
+        self.clock = BubbleClock(self.stages, cuda=ctx.device.type == "cuda")
+        self.bubble_shares: list[float] = []
+        """Each step's idle share of this rank after the first (which infers the stages'
+        shapes): launcher/parallel/pipeline_clock.py."""
+        loss_fn = self.clock.timed(loss_fn)
         self.saved_peak_bytes: int | None = None
         """The activation bytes this rank held for backward at once, over its last metered
         step (launcher/parallel/pipeline_meter.py); None before a step."""
@@ -87,7 +93,7 @@ class PipelineRunner:
         losses: list[torch.Tensor] = []
         self._steps += 1
         metered = self._steps <= MEASURED_STEPS
-        with self.meter if metered else nullcontext():
+        with self.meter if metered else nullcontext(), self.clock.step():
             self.schedule.step(
                 *((torch.cat(list(inputs)),) if self.first else ()),
                 target=torch.cat(list(targets)) if self.last else None,
@@ -97,7 +103,15 @@ class PipelineRunner:
             )
         if metered:
             self.saved_peak_bytes = self.meter.peak_bytes
+        if self._steps > 1 and self.clock.share is not None:
+            self.bubble_shares.append(self.clock.share)
         return losses
+
+    @property
+    def bubble_measured(self) -> float | None:
+        """This rank's mean idle share of a step (None before a second step)."""
+        shares = self.bubble_shares
+        return sum(shares) / len(shares) if shares else None
 
     @torch.no_grad()
     def evaluate(

@@ -2,7 +2,8 @@
 meters the bytes autograd saves over a step of its schedule (launcher/parallel/pipeline_meter.py)
 and summary.json sets the peak beside plan.json's figure for that rank. One launch per schedule,
 on a 3-block model whose default split is unequal (balanced by the plan), also token-exact
-against one process. And three virtual stages per rank through the interleaved schedule."""
+against one process, with the plan's bubble beside each rank's measured idle share. And three
+virtual stages per rank through the interleaved schedule."""
 
 from __future__ import annotations
 
@@ -50,6 +51,12 @@ def test_each_rank_holds_the_activations_its_plan_says(
         planned, measured = rank["activation_bytes_planned"], rank["activation_bytes_measured"]
         assert planned == held[rank["pp_rank"]] * stage["activation_bytes"]
         assert abs(measured / planned - 1) < TOLERANCE, (schedule, rank)
+    # The bubble: the plan's (pp - 1) / (grad_accum + pp - 1) beside each rank's measured idle
+    # share of steps 2-3; the last stage idles at least until the first stage's first forward.
+    assert pipeline["bubble_planned"] == plan["bubble"] == round(1 / 5, 4)
+    assert pipeline["bubble_measured"] == pipeline["ranks"][-1]["bubble_measured"]
+    assert 0 < pipeline["bubble_measured"] < 1
+    assert all(0 <= r["bubble_measured"] < 1 for r in pipeline["ranks"])
     # the unequal stages train one process's numbers
     metrics = read_metrics(tmp_path)
     assert [m["tokens"] for m in metrics] == [m["tokens"] for m in one_process]
