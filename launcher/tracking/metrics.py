@@ -27,9 +27,12 @@ METRIC_KEYS = (
     "val_loss",
 )
 """Every metrics.jsonl line carries these keys (null where not applicable); see docs/tracking.md.
-A data.sources mixture adds tokens/NAME per source (its valid target tokens of the step)."""
+A data.sources mixture adds tokens/NAME per source (its valid target tokens of the step), a
+pipeline run (parallel.pp > 1) pp_bubble."""
 
 SOURCE_PREFIX = "tokens/"
+BUBBLE_KEY = "pp_bubble"
+"""A pipeline run's lines add it: the last stage's measured idle share of the step."""
 
 
 def finite(x: float | None) -> float | None:
@@ -61,6 +64,9 @@ class StepMetrics:
     val_loss: float | None = None
     """The validation loss measured after this step (eval.every); None on other steps."""
     source_tokens: dict[str, int] | None = None
+    pp_bubble: float | None = None
+    """parallel.pp > 1: the last stage's measured idle share of the step (its mean over the
+    data-parallel streams); None without a pipeline (no key in the line)."""
     """A data.sources mixture: the step's valid target tokens per source name."""
     compile_s: float = 0.0
     """Of step_time_s, the seconds this step spent compiling (train.compile)."""
@@ -104,6 +110,8 @@ class StepMetrics:
         }
         for name, count in (self.source_tokens or {}).items():
             values[SOURCE_PREFIX + name] = count
+        if self.pp_bubble is not None:
+            values[BUBBLE_KEY] = round(self.pp_bubble, 4)
         return clean(values)
 
 

@@ -181,13 +181,15 @@ class Trainer:
             work = self.batches.get(step, prefetch_next=step + 1 < self.cfg.train.steps)
             batches = [b.to(device, non_blocking=True) for b in work.batches]
         carried = carry.loss_sum if carry is not None and carry.global_loss_sum is None else None
+        carried_bubble = carry.bubble if carry is not None and carried is not None else None
         with clock.section("comm"):
             counts = self.counts(
-                sum(work.valid), stop, carried, device, work.per_source, self.ranks
+                sum(work.valid), stop, carried, device, work.per_source, self.ranks, carried_bubble
             )
         lr, rng = engine.lr, _rng_state(device)
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         scale: torch.Tensor | float | None = None
+        bubble: float | None = None
         if self.pipeline is not None:
             with clock.section("comm"):  # the counts come first: the last stage's scale
                 stage_scale = torch.as_tensor(counts.scale(engine.grad_divisor), device=device)
@@ -196,6 +198,8 @@ class Trainer:
             )
             if losses:  # the last stage: each is its micro-batch's token loss sum x scale
                 loss_sum += torch.stack(losses).detach().double().sum() / stage_scale.double()
+            # the last stage's idle share rides with the loss sum (its counting ranks add it)
+            bubble = (self.pipeline.clock.share or 0.0) if self.ranks.counts else 0.0
             batches = []  # run by the schedule
         for m, batch in enumerate(batches):
             with engine.accumulation_context(sync=m == len(batches) - 1):
@@ -212,6 +216,8 @@ class Trainer:
             tokens, global_sum = counts.read(self.positions)  # the host wait of the step
         if carried is not None and carry is not None:
             carry.global_loss_sum = global_sum
+            if carried_bubble is not None:
+                carry.global_bubble = counts.bubble_sum / self.ranks.size
         if tokens.stop or tokens.total == 0:
             # Every rank sees the same vector, so every rank decides alike: no hang, no NaN.
             # The gradients just computed are not applied (with no valid token they are zeros);
@@ -224,7 +230,7 @@ class Trainer:
             return StepResult(step, tokens, lr, clock.stop(), stopped=tokens.stop)
         grad_norm = engine.step()
         one_rank = self.ctx.world_size == 1
-        result = StepResult(step, tokens, lr, clock.stop(), loss_sum, grad_norm)
+        result = StepResult(step, tokens, lr, clock.stop(), loss_sum, grad_norm, bubble=bubble)
         result.global_loss_sum = loss_sum if one_rank else None
         return result
 
@@ -252,7 +258,13 @@ class Trainer:
         if result is None:
             return
         if result.global_loss_sum is None and result.loss_sum is not None:
-            result.global_loss_sum = self.reduce_loss(result.loss_sum, self.ranks.counts)
+            if result.bubble is None:
+                result.global_loss_sum = self.reduce_loss(result.loss_sum, self.ranks.counts)
+            else:  # a pipeline's: the last stage's idle share in the same all-reduce
+                bubble = torch.tensor(result.bubble, dtype=torch.float64, device=self.ctx.device)
+                both = self.reduce_loss(torch.stack([result.loss_sum, bubble]), self.ranks.counts)
+                result.global_loss_sum = both[0]
+                result.global_bubble = float(both[1]) / self.ranks.size
         self._log(result)
 
     def _log(self, result: StepResult) -> None:

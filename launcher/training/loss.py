@@ -127,6 +127,7 @@ class StepCounts:
         device: torch.device,
         per_source: tuple[int, ...] = (),
         ranks: DataRanks | None = None,
+        carry_bubble: float | None = None,
     ) -> None:
         if ranks is None:
             world = dist.is_initialized()
@@ -137,15 +138,23 @@ class StepCounts:
         self.per_source = per_source
         self.vector: torch.Tensor | None = None
         self._work: Any = None
+        self._bubble = carry_bubble is not None
+        self.bubble_sum: float | None = carry_bubble
+        """A pipeline's previous step: the idle shares of its counting ranks (the last stage's),
+        summed over the data-parallel streams once `read`."""
         if everyone == 1:
             return
-        vector = torch.zeros(self.world + 2 + len(per_source), dtype=torch.float64, device=device)
+        sources = slice(self.world + 2, self.world + 2 + len(per_source))
+        size = self.world + 2 + len(per_source) + int(self._bubble)
+        vector = torch.zeros(size, dtype=torch.float64, device=device)
         if ranks.counts:
             vector[ranks.index] = local_valid
             if per_source:  # a mixture's tokens per source ride along, summed
-                vector[self.world + 2 :] = torch.tensor(per_source, dtype=torch.float64)
+                vector[sources] = torch.tensor(per_source, dtype=torch.float64)
             if carry is not None:
                 vector[self.world + 1] = carry
+            if carry_bubble is not None:
+                vector[-1] = carry_bubble
         vector[self.world] = float(stop)
         self._work = dist.all_reduce(vector, async_op=True)
         self.vector = vector
@@ -171,6 +180,8 @@ class StepCounts:
             valid, stop, carry = self.local
             return StepTokens((valid,), positions, stop, self.per_source), carry
         values = self._arrived().tolist()
+        if self._bubble:
+            self.bubble_sum = values.pop()
         counts = tuple(int(c) for c in values[: self.world])
         sources = tuple(int(c) for c in values[self.world + 2 :])
         tokens = StepTokens(counts, positions, values[self.world] > 0, sources)

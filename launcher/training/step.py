@@ -40,6 +40,11 @@ class StepResult:
     """The ranks agreed to stop before this step (a stop signal); nothing was trained."""
     val_loss: float | None = None
     """The validation loss measured after this step (eval.every), or None."""
+    bubble: float | None = None
+    """parallel.pp > 1: this rank's idle share of the step if it counts its pipeline's tokens
+    (the last stage's), else 0.0; None without a pipeline."""
+    global_bubble: float | None = None
+    """The mean of `bubble` over the data-parallel streams, once known (as the loss sum)."""
 
     @property
     def skipped(self) -> bool:
@@ -75,6 +80,7 @@ class StepResult:
             comm_wait_s=self.times.comm_s,
             val_loss=self.val_loss,
             compile_s=self.times.compile_s,
+            pp_bubble=self.global_bubble,
         )
 
 

@@ -57,6 +57,8 @@ def test_each_rank_holds_the_activations_its_plan_says(
     assert pipeline["bubble_measured"] == pipeline["ranks"][-1]["bubble_measured"]
     assert 0 < pipeline["bubble_measured"] < 1
     assert all(0 <= r["bubble_measured"] < 1 for r in pipeline["ranks"])
+    # every step's line (the last one flushed alone too) carries the last stage's idle share
+    assert all(0 < m["pp_bubble"] < 1 for m in read_metrics(tmp_path))
     # the unequal stages train one process's numbers
     metrics = read_metrics(tmp_path)
     assert [m["tokens"] for m in metrics] == [m["tokens"] for m in one_process]

@@ -57,6 +57,8 @@ def test_dp2_pp2_equals_one_process(tmp_path: Path, one_process: list[dict[str, 
     split = ["parallel.dp=2", "parallel.pp=2", "batch.grad_accum=2", "engine=fsdp"]
     run_launch([*COMMON, *split], tmp_path)
     assert_equal_steps(tmp_path, one_process)
+    # the two last-stage ranks' idle shares, averaged: a share, on every step
+    assert all(0 < m["pp_bubble"] < 1 for m in read_metrics(tmp_path))
 
 
 def test_dp2_tp2_pp2_equals_one_process_and_exports_its_weights(
