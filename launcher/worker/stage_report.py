@@ -76,4 +76,4 @@ def pipeline_summary(
         "bubble_planned": planned.get("bubble"),
         "bubble_measured": bubbles.get(last) if last is not None else None,
     }
-    return {**schedule, **bubble, "stages": stages, "ranks": ranks}
+    return {"pp": ctx.pp, **schedule, **bubble, "stages": stages, "ranks": ranks}

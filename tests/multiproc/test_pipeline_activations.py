@@ -53,6 +53,7 @@ def test_each_rank_holds_the_activations_its_plan_says(
         assert abs(measured / planned - 1) < TOLERANCE, (schedule, rank)
     # The bubble: the plan's (pp - 1) / (grad_accum + pp - 1) beside each rank's measured idle
     # share of steps 2-3; the last stage idles at least until the first stage's first forward.
+    assert (pipeline["pp"], pipeline["schedule"]) == (2, schedule)
     assert pipeline["bubble_planned"] == plan["bubble"] == round(1 / 5, 4)
     assert pipeline["bubble_measured"] == pipeline["ranks"][-1]["bubble_measured"]
     assert 0 < pipeline["bubble_measured"] < 1
