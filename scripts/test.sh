@@ -33,6 +33,20 @@ fi
 # tests to fill the end). --max-worker-restart=0: a worker that dies fails the run at once (xdist
 # 3.8's loadscope hangs when it replaces one; tried).
 # The slowest tests are listed at the end: where the suite's time goes, in every CI log.
+# Then tests/suite_profile.py's summary: the tests that held core tokens without using them and the
+# waits for tokens (LAUNCHER_TEST_PROFILE=FILE keeps its per-test lines).
 workers=$(.venv/bin/python -c 'import os; print(2 * len(os.sched_getaffinity(0)))')
+profile=${LAUNCHER_TEST_PROFILE:-}
+if [ -z "$profile" ]; then
+    profile=$(mktemp)
+    trap 'rm -f "$profile"' EXIT
+fi
+export LAUNCHER_TEST_PROFILE=$profile
+tests=0
 .venv/bin/python -m pytest -n "$workers" --dist loadscope --no-loadscope-reorder \
-    --max-worker-restart=0 --durations=25 "$@"
+    --max-worker-restart=0 --durations=25 "$@" || tests=$?
+if [ -s "$profile" ]; then
+    echo "=== where the suite's time went (tests/suite_profile.py) ==="
+    .venv/bin/python -m tests.suite_profile "$profile" || true
+fi
+exit "$tests"

@@ -49,6 +49,15 @@ class Cores:
         self.tokens = [directory / f"core{i}" for i in range(count)]
         self.gate = directory / "gate"
         self.held: list[int] = []
+        # For tests/suite_profile.py: token-seconds held and seconds spent waiting in take().
+        self.token_seconds = 0.0
+        self.wait_seconds = 0.0
+        self._since = time.monotonic()
+
+    def _account(self) -> None:
+        now = time.monotonic()
+        self.token_seconds += len(self.held) * (now - self._since)
+        self._since = now
 
     @property
     def count(self) -> int:
@@ -58,25 +67,47 @@ class Cores:
         """Block until `wanted` tokens (at most all) are this worker's; holds none before."""
         assert not self.held, "tokens are taken once per test (release first)"
         wanted = min(max(wanted, 0), self.count)
+        asked = time.monotonic()
+        try:
+            self._take(wanted)
+        finally:
+            self._since = time.monotonic()
+            self.wait_seconds += self._since - asked
+
+    def _take(self, wanted: int) -> None:
+        if wanted > 1:  # the gate held until all are ours: one-token takers cannot starve us
+            gate = _lock(self.gate, blocking=True)
+            try:
+                while True:
+                    self._grab_free(wanted)
+                    if len(self.held) == wanted:
+                        return
+                    time.sleep(_POLL_S)
+            finally:
+                os.close(gate)
         while wanted:
             gate = _lock(self.gate, blocking=True)
             try:
-                if wanted > 1:  # in order, blocking: the gate keeps one-token takers out meanwhile
-                    for path in self.tokens[:wanted]:
-                        fd = _lock(path, blocking=True)
-                        assert fd is not None
-                        self.held.append(fd)
+                if self._grab_free(1):
                     return
-                for path in self.tokens:
-                    fd = _lock(path, blocking=False)
-                    if fd is not None:
-                        self.held = [fd]
-                        return
             finally:
                 os.close(gate)
             time.sleep(_POLL_S)
 
+    def _grab_free(self, wanted: int) -> bool:
+        """Any free tokens, until `wanted` are held (whichever they are: waiting for particular
+        ones would wait on a long test's token while others are free). A token this worker holds
+        already fails the non-blocking lock like another's (flock is per open file)."""
+        for path in self.tokens:
+            if len(self.held) == wanted:
+                break
+            fd = _lock(path, blocking=False)
+            if fd is not None:
+                self.held.append(fd)
+        return len(self.held) == wanted
+
     def release(self) -> None:
+        self._account()
         for fd in self.held:
             os.close(fd)
         self.held = []
