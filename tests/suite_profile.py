@@ -81,6 +81,14 @@ def summary(lines: list[Line], top: int = 20) -> str:
     ]
     for x in sorted(lines, key=lambda x: x.cpu - x.token_s)[:top]:
         out.append(f"{x.token_s - x.cpu:7.0f}  wall {x.wall:5.0f}  cpu {x.cpu:5.0f}  {x.test}")
+    out.append(f"\nby module, the top {top} in CPU-s (tests, wall s, token-s held):")
+    modules: dict[str, list[Line]] = {}
+    for x in lines:
+        modules.setdefault(x.test.split("::")[0], []).append(x)
+    for name, group in sorted(modules.items(), key=lambda kv: -sum(x.cpu for x in kv[1]))[:top]:
+        cpu_s, wall_s = sum(x.cpu for x in group), sum(x.wall for x in group)
+        held = sum(x.token_s for x in group)
+        out.append(f"{cpu_s:7.0f}  {len(group):4d}  {wall_s:6.0f}  {held:6.0f}  {name}")
     out.append(f"\nwaited for tokens, the top {top}:")
     for x in sorted(lines, key=lambda x: -x.wait_s)[:top]:
         out.append(f"{x.wait_s:7.0f}  {x.worker}  {x.test}")
