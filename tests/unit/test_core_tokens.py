@@ -64,6 +64,19 @@ def test_one_token_tests_share_and_a_two_token_test_waits_for_both(tmp_path: Pat
     assert len(late.held) == 1
 
 
+def test_a_two_token_test_takes_whichever_are_free(tmp_path: Path) -> None:
+    """A long one-token test on the first token does not hold up a launch while others are free
+    (they were once taken in order, so it waited for that one, holding the gate)."""
+    long_test, launch = Cores(tmp_path, 3), Cores(tmp_path, 3)
+    long_test.take(1)
+    taker = _in_thread(lambda: launch.take(2))
+    taker.join(10)
+    assert not taker.is_alive() and len(launch.held) == 2
+    assert launch.token_seconds == 0 and launch.wait_seconds < 10
+    launch.release()
+    assert launch.token_seconds > 0  # what tests/suite_profile.py reports
+
+
 def test_at_least_upgrades_for_a_launch_and_gives_back_after(tmp_path: Path) -> None:
     worker, other = Cores(tmp_path, 2), Cores(tmp_path, 2)
     worker.take(1)
