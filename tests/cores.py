@@ -1,16 +1,16 @@
 """Core tokens: pytest-xdist's workers share this machine's cores without burying them in ranks.
 
-`scripts/test.sh` runs an xdist worker per core and one more; they share TOKENS_PER_CORE tokens per
+`scripts/test.sh` runs two xdist workers per core; they share TOKENS_PER_CORE tokens per
 core. Each test holds one while it runs (set-up and tear-down included); a launch of several ranks
 takes one per rank for as long as it runs (`tests.helpers.run_launch`, `BackgroundLaunch`); a test
 marked `multiproc` or `slurm` holds one per core. So no more than TOKENS_PER_CORE busy processes
-share a core, and two dp=2 runs share the machine only when nothing else runs. (Plain xdist, with no
+share a core. (Plain xdist, with no
 bound on the ranks, made the suite slower than serial.)
 
 The tokens are flock(2)ed files in a directory the controller makes (LAUNCHER_TEST_CORES names
-it); the kernel drops a dead worker's locks. A test that wants several tokens holds the gate while
-it waits, so one-token tests cannot starve it; nobody waits for anything else while holding
-tokens (`Cores.waiting`). Without xdist nothing is taken.
+it); the kernel drops a dead worker's locks. A test that wants several tokens takes whichever are
+free and holds the gate while it waits for the rest, so one-token tests cannot starve it; nobody
+waits for anything else while holding tokens (`Cores.waiting`). Without xdist nothing is taken.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ TOKENS_PER_CORE = int(os.environ.get("LAUNCHER_TEST_TOKENS_PER_CORE", "3"))
 """Three: a test that mostly waits (on a signal, a queue, a rendezvous, a timeout) leaves its core
 to another worker's test. Measured on two cores: 1 per core 994 s of pytest, 2 per core 841 s;
 with 2 per core a whole-suite CPU profile (2026-12-05) found the cores busy 65% of the time, the
-workers mostly waiting for tokens held by waiting tests. The deadline-bound modules (hang, faults,
-two-node torchrun, elastic, resume) passed at 3 per core with four workers under a load average
-of 8 (other work on the machine besides)."""
+workers mostly waiting for tokens; most of that wait (2026-12-06) was a several-token take
+blocking on the first tokens in order while others were free, fixed: now 89% busy. The
+deadline-bound modules (hang, faults, two-node torchrun, elastic, resume) passed at 3 per core
+with four workers under a load average of 8 (other work on the machine besides)."""
 
 
 def _lock(path: Path, blocking: bool) -> int | None:

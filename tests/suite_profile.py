@@ -72,7 +72,7 @@ class Line:
 
 def summary(lines: list[Line], top: int = 20) -> str:
     span = max(x.start + x.wall for x in lines) - min(x.start for x in lines) if lines else 1.0
-    cpu, cores = sum(x.cpu for x in lines), os.cpu_count() or 1
+    cpu, cores = sum(x.cpu for x in lines), len(os.sched_getaffinity(0))  # as scripts/test.sh
     out = [
         f"{len(lines)} tests over {span:.0f} s: {cpu:.0f} CPU-s ({cpu / span / cores:.0%} of "
         f"{cores} cores), {sum(x.token_s for x in lines):.0f} token-s held, "

@@ -72,7 +72,7 @@ def test_a_two_token_test_takes_whichever_are_free(tmp_path: Path) -> None:
     taker = _in_thread(lambda: launch.take(2))
     taker.join(10)
     assert not taker.is_alive() and len(launch.held) == 2
-    assert launch.token_seconds == 0 and launch.wait_seconds < 10
+    assert launch.token_seconds == 0  # counted when given back
     launch.release()
     assert launch.token_seconds > 0  # what tests/suite_profile.py reports
 
