@@ -162,3 +162,30 @@ class BackgroundLaunch:
             return self.proc.wait(timeout)
         finally:
             self._log.close()
+
+
+def rank_number(proc: Any) -> int | None:
+    """The global rank of a launcher rank process (a psutil.Process), None for any other process:
+    an exec'd rank (`python -m launcher.worker`, RANK in its environment) or one forked by its
+    agent (named `rank<N>`: launcher/runners/rank_fork.py)."""
+    import psutil
+
+    try:
+        name = proc.name()
+        if name.startswith("rank") and name[4:].isdigit():
+            return int(name[4:])
+        if "launcher.worker" in " ".join(proc.cmdline()):
+            return int(proc.environ().get("RANK", "-1"))
+    except (psutil.Error, ValueError):
+        return None
+    return None
+
+
+def rank_process(root_pid: int, rank: int) -> Any:
+    """The process of global rank `rank` among `root_pid`'s descendants (launch -> ranks)."""
+    import psutil
+
+    for proc in psutil.Process(root_pid).children(recursive=True):
+        if rank_number(proc) == rank:
+            return proc
+    raise AssertionError(f"no rank {rank} under pid {root_pid}")

@@ -6,11 +6,12 @@ the suite runs hundreds of launches).
 Only where the process boundary is not what a test is about. `run_launch` keeps a subprocess for
 the other commands; for environments that must exist before the interpreter starts (PYTHON*,
 LD_*); for runs that would change this process for good by training in it (DeepSpeed replaces
-torch functions process-wide, wandb keeps a service process, compilation keeps caches; at dp>1
-the ranks are torchrun's processes and only its agent runs here); and for a launch given a
-deadline (a hung process can be killed, this one cannot). Signals, kill -9 and background runs
-use `BackgroundLaunch`, a real process. LAUNCHER_TESTS_SUBPROCESS=1 runs every launch as a
-subprocess (to tell a test's failure from this harness's).
+torch functions process-wide, wandb keeps a service process, compilation keeps caches); for
+several ranks (torchrun's agent forks them from the process it runs in, which must be a
+`launch` of its own, not this one with every earlier test's state: launcher/runners/rank_fork.py);
+and for a launch given a deadline (a hung process can be killed, this one cannot). Signals,
+kill -9 and background runs use `BackgroundLaunch`, a real process. LAUNCHER_TESTS_SUBPROCESS=1
+runs every launch as a subprocess (to tell a test's failure from this harness's).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def runs_in_process(args: list[str], env: dict[str, str], wanted: bool | None = 
         return False
     if args[0] == "train" and "wandb.mode=disabled" not in args:
         return False  # wandb's service process and global run (`plan` never starts wandb)
+    if args[0] == "train" and "cluster=slurm" not in args and not _trains_here(args):
+        return False  # torchrun's agent would fork the ranks from this process, with its state
     if not _trains_here(args):
         return True
     return not any(word in arg for arg in args for word in _PROCESS_WIDE)

@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 from argparse import Namespace
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,9 +122,13 @@ def parse_own_args(args: list[str]) -> Namespace:
 def run_agent(args: list[str]) -> list[RankFailure]:
     """Run torchrun with these arguments in this process (main thread); the failed ranks, first
     first, or [] when every rank ended with status 0."""
+    from launcher.runners.rank_fork import forking_ranks
+
     os.environ[AGENT_PID_ENV] = str(os.getpid())
+    worker = args[args.index("-m") + 1] if "-m" in args[:-1] else ""
     try:
-        run(parse_own_args(args))
+        with forking_ranks(worker) if worker.startswith("launcher.") else nullcontext():
+            run(parse_own_args(args))
     except ChildFailedError as exc:
         return failures_of(exc)
     return []

@@ -58,10 +58,24 @@ class Rank:
         return self.kernel_state().get("State", "X")[:1] in ("Z", "X")
 
 
+def rank_variables(proc: psutil.Process) -> dict[str, str]:
+    """A rank's torchrun variables (RANK, WORLD_SIZE, ...): a forked rank's from its parent's
+    record (launcher/runners/rank_fork.py), an exec'd one's from its environment."""
+    from launcher.runners.rank_fork import rank_environment
+
+    return rank_environment(proc.pid) or proc.environ()
+
+
 def rank_of(proc: psutil.Process) -> int | None:
     with suppress(psutil.Error, ValueError):
-        return int(proc.environ().get("RANK", ""))
+        return int(rank_variables(proc).get("RANK", ""))
     return None
+
+
+def world_size_of(proc: psutil.Process) -> int:
+    with suppress(psutil.Error, ValueError):
+        return int(rank_variables(proc).get("WORLD_SIZE", "0"))
+    return 0
 
 
 def read_beat(path: Path) -> dict[str, Any] | None:

@@ -35,11 +35,14 @@ class StopAtOnce(Exception):
 
 
 def worker_processes() -> list[psutil.Process]:
-    """This process's children that are ranks (`python -m launcher.worker ...`)."""
+    """This process's children that are ranks (`python -m launcher.worker ...`, or forked by
+    launcher/runners/rank_fork.py)."""
+    from launcher.runners.rank_fork import rank_environment
+
     ranks = []
     for child in psutil.Process().children(recursive=False):
         with suppress(psutil.Error):
-            if "launcher.worker" in child.cmdline():
+            if rank_environment(child.pid) is not None or "launcher.worker" in child.cmdline():
                 ranks.append(child)
     return ranks
 

@@ -45,6 +45,7 @@ from launcher.runners.hang_ranks import (
     rank_of,
     read_beat,
     report_text,
+    world_size_of,
 )
 from launcher.runners.held import Held, held_line, held_ranks
 from launcher.runners.held_save import held_in_save
@@ -150,7 +151,7 @@ class Watchdog:
     def fire(self, ranks: list[Rank]) -> None:
         stacks = self._dump_stacks(ranks)
         blamed = _blame(ranks, stacks)
-        if not blamed and _world_size(ranks) > len(ranks):
+        if not blamed and world_size_of(ranks[0].proc) > len(ranks):
             # All wait for a peer on another node: let that node's watchdog name the rank first
             # (ending these ranks would end the job there before it could).
             _wait_for_blame_elsewhere(self.run_dir, self._done)
@@ -258,12 +259,6 @@ class Watchdog:
 
 PEER_WAIT_S = 10.0
 """How long a node whose ranks all wait for a peer gives the other nodes' watchdogs to name it."""
-
-
-def _world_size(ranks: list[Rank]) -> int:
-    with suppress(psutil.Error, ValueError):
-        return int(ranks[0].proc.environ().get("WORLD_SIZE", "0"))
-    return 0
 
 
 PEER_POLL_S = 0.2

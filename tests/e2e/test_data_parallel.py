@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from launcher.checkpoint.files import find_checkpoints
-from tests.helpers import FAST, max_rel_diff, read_losses, read_metrics, run_launch
+from tests.helpers import FAST, max_rel_diff, rank_number, read_losses, read_metrics, run_launch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 
@@ -51,7 +51,7 @@ def _leftover_workers(run_dir: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if "launcher.worker" in cmdline and str(run_dir) in cmdline:
+        if rank_number(proc) is not None and str(run_dir) in cmdline:
             found.append(proc)
     return found
 

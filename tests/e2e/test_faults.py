@@ -22,7 +22,15 @@ import psutil
 import pytest
 
 from launcher.exit_codes import ABORTED, STOPPED_RESUMABLE
-from tests.helpers import FAST, REPO, BackgroundLaunch, read_metrics, read_summary, run_launch
+from tests.helpers import (
+    FAST,
+    REPO,
+    BackgroundLaunch,
+    rank_process,
+    read_metrics,
+    read_summary,
+    run_launch,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 
@@ -35,10 +43,17 @@ DP2 = ["parallel.dp=2", "batch.micro_size=4"]
 class Job(BackgroundLaunch):
     """`launch` in its own session, output in a file, TMPDIR private (torchrun's leftovers)."""
 
-    def __init__(self, args: list[str], run_dir: Path, tmp: Path) -> None:
+    def __init__(
+        self, args: list[str], run_dir: Path, tmp: Path, extra: dict[str, str] | None = None
+    ) -> None:
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
-        env = {"WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
+        env = {
+            "WANDB_MODE": "disabled",
+            "OMP_NUM_THREADS": "1",
+            "TMPDIR": str(tmp),
+            **(extra or {}),
+        }
         log_path = tmp / f"launch_{time.monotonic_ns()}.log"
         super().__init__(args, run_dir, log_path, env, own_session=True)
 
@@ -82,16 +97,6 @@ def wait_until_gone(run_dir: Path, timeout: float = 5.0) -> list[psutil.Process]
     while (left := processes_of(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
-
-
-def rank_process(launch_pid: int, rank: int) -> psutil.Process:
-    for proc in psutil.Process(launch_pid).children(recursive=True):
-        try:
-            if "launcher.worker" in proc.cmdline() and proc.environ().get("RANK") == str(rank):
-                return proc
-        except psutil.Error:
-            continue
-    raise AssertionError(f"no rank {rank} under pid {launch_pid}")
 
 
 def assert_each_step_once_after_resume(run_dir: Path, logged_before: int) -> None:
@@ -165,12 +170,25 @@ def test_a_second_run_into_a_running_directory_is_refused_naming_the_first(
 
 
 # Item 14: after kill -9 of rank 1, `launch` blamed rank 0 ("Connection closed by peer").
-def test_the_rank_that_died_first_is_named_with_its_signal(tmp_path: Path, jobs: list[Job]) -> None:
+# The same with ranks forked from `launch` (the default) and exec'd as torchrun does it
+# (LAUNCHER_RANK_START=exec, and what a GPU machine gets): launcher/runners/rank_fork.py.
+@pytest.mark.parametrize("start", ["fork", "exec"])
+def test_the_rank_that_died_first_is_named_with_its_signal(
+    start: str, tmp_path: Path, jobs: list[Job]
+) -> None:
     run_dir = tmp_path / "run"
-    job = Job([*COMMON, *DP2, "debug.step_sleep_s=0.5"], run_dir, tmp_path / "tmp")
+    args = [*COMMON, *DP2, "debug.step_sleep_s=0.5"]
+    job = Job(args, run_dir, tmp_path / "tmp", {"LAUNCHER_RANK_START": start})
     jobs.append(job)
     job.wait_for_step(2)
-    rank_process(job.proc.pid, 1).kill()
+    rank = rank_process(job.proc.pid, 1)
+    assert rank.ppid() == job.proc.pid  # torchrun's agent runs in `launch`
+    if start == "fork":
+        assert rank.name() == "rank1"
+        assert rank.cmdline() == psutil.Process(job.proc.pid).cmdline()
+    else:
+        assert rank.cmdline()[-3:-1] == ["-m", "launcher.worker"], rank.cmdline()
+    rank.kill()
     assert job.wait() == 1, job.output
     errors = [line for line in job.output.splitlines() if line.startswith("error: ")]
     assert errors and errors[-1].startswith("error: rank 1 died first (SIGKILL, exit -9)"), errors

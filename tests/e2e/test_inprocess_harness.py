@@ -28,7 +28,9 @@ OFF = "wandb.mode=disabled"
         (["train", OFF], {"PYTHONPATH": "site"}, None, False),
         (["train", OFF], {"PYTHONPATH": "site"}, True, True),  # for the ranks only
         (["train", OFF, "engine=deepspeed"], {}, None, False),  # one rank: ZeRO-3 patches torch
-        (["train", OFF, "engine=deepspeed", "parallel.dp=2"], {}, None, True),  # agent only
+        # several ranks: the agent would fork them from this process (launcher/runners/rank_fork.py)
+        (["train", OFF, "engine=deepspeed", "parallel.dp=2"], {}, None, False),
+        (["train", OFF, "parallel.dp=2"], {"PYTHONPATH": "site"}, True, False),
         (["train", "-m", OFF, "engine=deepspeed", "parallel.dp=1,2"], {}, None, False),
         (["train", OFF, "train.compile=true"], {}, None, False),
         (["train", OFF], {}, False, False),

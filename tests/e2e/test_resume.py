@@ -16,7 +16,6 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from launcher.exit_codes import STOPPED_RESUMABLE
@@ -24,6 +23,7 @@ from tests.helpers import (
     FAST,
     BackgroundLaunch,
     max_rel_diff,
+    rank_process,
     read_losses,
     read_metrics,
     read_summary,
@@ -56,19 +56,6 @@ def last_per_step(run_dir: Path) -> list[float]:
     by_step = {m["step"]: m["loss"] for m in read_metrics(run_dir)}
     assert sorted(by_step) == list(range(1, len(by_step) + 1))
     return [by_step[s] for s in sorted(by_step)]
-
-
-def rank_process(launch_pid: int, rank: int) -> psutil.Process:
-    """The worker process of global rank `rank` under a launch (launch -> torchrun -> ranks)."""
-    for proc in psutil.Process(launch_pid).children(recursive=True):
-        try:
-            if "launcher.worker" in " ".join(proc.cmdline()) and proc.environ().get("RANK") == str(
-                rank
-            ):
-                return proc
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    raise AssertionError(f"no rank {rank} under pid {launch_pid}")
 
 
 class Launch(BackgroundLaunch):

@@ -19,7 +19,14 @@ from launcher.runners.meeting import free_port
 from tests.e2e.nodes import NODE_WAIT_S, end_started_nodes, start_node
 from tests.e2e.test_elastic import ELASTIC, assert_restarted_on_one_node, one_process
 from tests.e2e.test_resume import COMMON, DP2, SLOW, last_per_step
-from tests.helpers import FAST, BackgroundLaunch, max_rel_diff, read_losses, read_summary
+from tests.helpers import (
+    FAST,
+    BackgroundLaunch,
+    max_rel_diff,
+    rank_number,
+    read_losses,
+    read_summary,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 
@@ -79,12 +86,8 @@ def rank_on_nodes(nodes: list[BackgroundLaunch], rank: int) -> tuple[int, psutil
     node rank), and that rank's process."""
     for i, node in enumerate(nodes):
         for proc in psutil.Process(node.proc.pid).children(recursive=True):
-            try:
-                env = proc.environ()
-                if "launcher.worker" in " ".join(proc.cmdline()) and env.get("RANK") == str(rank):
-                    return i, proc
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
+            if rank_number(proc) == rank:
+                return i, proc
     raise AssertionError(f"no rank {rank} on either node")
 
 

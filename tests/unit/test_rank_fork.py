@@ -1,0 +1,79 @@
+"""launcher/runners/rank_fork.py: which commands fork, the Popen stand-in torchrun's agent polls,
+and the probe that keeps a process whose torch threads ran from forking ranks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from launcher.runners import rank_fork
+from launcher.runners.rank_fork import ForkedRank, _worker_of, fork_possible
+
+PY = sys.executable
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            (PY, "-u", "-m", "launcher.worker", "run/config.yaml"),
+            ("launcher.worker", ["run/config.yaml"]),
+        ),
+        ((PY, "-m", "launcher.verify.worker", "c.yaml"), ("launcher.verify.worker", ["c.yaml"])),
+        ((PY, "-u", "-m", "my_project.train", "c.yaml"), None),  # not the launcher's: exec
+        ((PY, "-u", "train.py", "c.yaml"), None),
+        ((PY, "-X", "dev", "-m", "launcher.worker", "c.yaml"), None),  # flags only exec honours
+        (("/other/python", "-u", "-m", "launcher.worker", "c.yaml"), None),
+    ],
+)
+def test_only_the_launchers_own_worker_command_is_forked(
+    args: tuple[str, ...], expected: tuple[str, list[str]] | None
+) -> None:
+    assert _worker_of(args) == expected
+
+
+def _child(code: int, sleep_s: float = 0.0) -> ForkedRank:
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(sleep_s)
+        os._exit(code)
+    return ForkedRank(pid, ("child",))
+
+
+def test_a_forked_rank_reports_its_exit_status_and_signal_as_popen_does() -> None:
+    assert _child(3).wait() == 3
+    killed = _child(0, sleep_s=30)
+    assert killed.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        killed.wait(timeout=0.05)
+    killed.kill()
+    assert killed.wait() == -signal.SIGKILL
+    killed.kill()  # a second signal to an ended rank is a no-op, as for a Popen
+
+
+def test_exec_is_asked_for_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(rank_fork.RANK_START_ENV, "exec")
+    assert fork_possible() is False
+
+
+def test_the_probe_refuses_a_process_whose_torch_threads_have_run() -> None:
+    # In a process of its own: this one's threads may have run already.
+    script = textwrap.dedent(
+        """
+        import torch
+        from launcher.runners.rank_fork import fork_possible
+        fresh = fork_possible()
+        torch.set_num_threads(2)
+        torch.ones(1 << 17).add_(1)  # OpenMP's pool starts
+        print(fresh, fork_possible())
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != rank_fork.RANK_START_ENV}
+    out = subprocess.run([PY, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.split() == ["True", "False"], out.stderr
