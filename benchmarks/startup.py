@@ -19,7 +19,10 @@ last rank got there) and the CPU time the process spent in it (for the ranks: th
     end          the final checkpoint, the exact-match evaluation, the summary
     exit         the ranks' exit; tail: the command's exit after its last rank's
 
-    .venv/bin/python -m benchmarks.startup [--pairs 5] [--json startup.json]
+    .venv/bin/python -m benchmarks.startup [--pairs 5] [--json startup.json] [--with-exec]
+
+--with-exec also runs `launch` with its ranks exec'd as torchrun does (LAUNCHER_RANK_START=exec)
+after each pair, to show what forking them from `launch` saves (launcher/runners/rank_fork.py).
 """
 
 from __future__ import annotations
@@ -76,13 +79,14 @@ PHASES = (  # name, from, to: a mark of `launch`, of the ranks (`rank:`), or the
 class Run:
     """One command's wall time, CPU time and marks."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], extra_env: dict[str, str] | None = None) -> None:
         env = {
             **os.environ,
             "LAUNCHER_TIMINGS": "1",
             "WANDB_MODE": "disabled",
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),
         }
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.time()
@@ -155,27 +159,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", "--rounds", dest="pairs", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--with-exec",
+        action="store_true",
+        help="each pair also runs `launch` with LAUNCHER_RANK_START=exec (ranks exec'd as "
+        "torchrun does, not forked from `launch`: launcher/runners/rank_fork.py)",
+    )
     args = parser.parse_args()
     launch: list[Run] = []
     floor: list[Run] = []
+    exec_ranks: list[Run] = []
     with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs + 1):  # pair 0 warms the page cache and the plan's caches
             launch_argv = [*LAUNCH, f"hydra.run.dir={Path(tmp) / f'run{pair}'}"]
+            exec_argv = [*LAUNCH, f"hydra.run.dir={Path(tmp) / f'exec{pair}'}"]
             if pair % 2:
                 b = Run(FLOOR)
                 a = Run(launch_argv)
             else:
                 a = Run(launch_argv)
                 b = Run(FLOOR)
+            e = Run(exec_argv, {"LAUNCHER_RANK_START": "exec"}) if args.with_exec else None
             label = "warm-up" if pair == 0 else f"pair {pair}"
             print(
                 f"{label}: launch {a.wall:.2f}s ({a.cpu:.2f}s CPU), floor {b.wall:.2f}s "
-                f"({b.cpu:.2f}s CPU), ratio {a.wall / b.wall:.3f}",
+                f"({b.cpu:.2f}s CPU), ratio {a.wall / b.wall:.3f}"
+                + (f"; exec'd ranks {e.wall:.2f}s ({e.cpu:.2f}s CPU)" if e else ""),
                 flush=True,
             )
             if pair:
                 launch.append(a)
                 floor.append(b)
+                if e is not None:
+                    exec_ranks.append(e)
 
     ratios = [a.wall / b.wall for a, b in zip(launch, floor, strict=True)]
     cpu_ratios = [a.cpu / b.cpu for a, b in zip(launch, floor, strict=True)]
@@ -198,6 +214,12 @@ def main() -> None:
         "floor_cpu_s": statistics.median(b.cpu for b in floor),
         "phases": table,
     }
+    if exec_ranks:
+        result["exec_wall_s"] = statistics.median(e.wall for e in exec_ranks)
+        result["exec_cpu_s"] = statistics.median(e.cpu for e in exec_ranks)
+        result["exec_ratio_median"] = statistics.median(
+            e.wall / b.wall for e, b in zip(exec_ranks, floor, strict=True)
+        )
     print(
         f"median ratio {result['ratio_median']:.3f} over {args.pairs} pairs "
         f"({', '.join(f'{r:.3f}' for r in ratios)}); CPU time ratio "
@@ -207,6 +229,11 @@ def main() -> None:
         f"wall: launch {result['launch_wall_s']:.2f}s, floor {result['floor_wall_s']:.2f}s; "
         f"CPU: launch {result['launch_cpu_s']:.2f}s, floor {result['floor_cpu_s']:.2f}s"
     )
+    if exec_ranks:
+        print(
+            f"exec'd ranks: wall {result['exec_wall_s']:.2f}s, CPU {result['exec_cpu_s']:.2f}s, "
+            f"median ratio to the floor {result['exec_ratio_median']:.3f}"
+        )
     columns = ("launch_wall_s", "floor_wall_s", "launch_cpu_s", "floor_cpu_s")
     print(f"{'phase':14s} {'launch':>8s} {'floor':>8s} {'CPU launch':>11s} {'CPU floor':>10s}")
     for name, row in table.items():

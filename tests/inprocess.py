@@ -123,6 +123,9 @@ def launch_in_process(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[
     from launcher.cli import main
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        # Ranks that torchrun's agent starts from here (a sweep's dp>1 point) are exec'd: forked,
+        # they would inherit this test process's state (launcher/runners/rank_fork.py).
+        env = {"LAUNCHER_RANK_START": "exec", **env}
         with _process_state(cwd, env), _output_to(out, err):
             GlobalHydra.instance().clear()
             code = 0

@@ -155,7 +155,8 @@ def preload(module: str) -> None:
     """Import once, in this process, what every rank imports (forked ranks inherit it)."""
     import torch._dynamo  # noqa: F401  (every optimizer step imports it)
 
-    import_module("launcher.worker.run" if module == "launcher.worker" else module)
+    import_module("launcher.worker.run")  # training's, and what `launch verify`'s ranks build on
+    import_module(module)
 
 
 @contextmanager

@@ -57,10 +57,16 @@ ENGINES = {
 
 
 def probe_env(probe_dir: Path) -> dict[str, str]:
-    """Every process of the run records its imports (see import_probe/sitecustomize.py)."""
+    """Every process of the run records its imports (see import_probe/sitecustomize.py): ranks
+    that are interpreters of their own (exec'd, not forked from `launch`, which imports the
+    worker for them: launcher/runners/rank_fork.py)."""
     probe_dir.mkdir(parents=True, exist_ok=True)
     path = os.pathsep.join(p for p in (str(PROBE), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": path, "LAUNCHER_IMPORT_PROBE": str(probe_dir)}
+    return {
+        "PYTHONPATH": path,
+        "LAUNCHER_IMPORT_PROBE": str(probe_dir),
+        "LAUNCHER_RANK_START": "exec",
+    }
 
 
 def rank_imports(probe_dir: Path) -> dict[str, set[str]]:
@@ -86,7 +92,7 @@ def test_curve_matches_one_process(
     name: str, reference: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     run_dir, probe_dir = tmp_path / "run", tmp_path / "imports"
-    # In this process: the probe matters to the ranks only (torchrun gives them this environment).
+    # The probe matters to the ranks only (torchrun gives them this environment).
     args = ["train", *CURVE, *SPLIT, *ENGINES[name]]
     run_launch(args, run_dir, env=probe_env(probe_dir), in_process=True)
 
