@@ -131,7 +131,8 @@ def exit_now(code: int) -> NoReturn:
     logging's flush; then stdout and stderr flushed), but without the interpreter's own shutdown,
     which for a process that imported torch takes seconds of garbage collection and finalising
     modules and does nothing a run needs. For `launch` and the ranks, after their work is done."""
-    mark("exit")
+    with suppress(Exception):  # a closed stderr must not keep this process alive
+        mark("exit")
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
     if run_exit_handlers is not None:
         with suppress(Exception):

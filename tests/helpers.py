@@ -167,15 +167,19 @@ class BackgroundLaunch:
 def rank_number(proc: Any) -> int | None:
     """The global rank of a launcher rank process (a psutil.Process), None for any other process:
     an exec'd rank (`python -m launcher.worker`, RANK in its environment) or one forked by its
-    agent (named `rank<N>`: launcher/runners/rank_fork.py)."""
+    agent (named `rank<N>`, its parent not: launcher/runners/rank_fork.py; a process the rank
+    forks in turn inherits the name)."""
     import psutil
 
     try:
         name = proc.name()
         if name.startswith("rank") and name[4:].isdigit():
-            return int(name[4:])
+            parent = proc.parent()
+            inherited = parent is not None and parent.name() == name
+            return None if inherited else int(name[4:])
         if "launcher.worker" in " ".join(proc.cmdline()):
-            return int(proc.environ().get("RANK", "-1"))
+            rank = proc.environ().get("RANK")
+            return int(rank) if rank is not None else None
     except (psutil.Error, ValueError):
         return None
     return None

@@ -25,6 +25,9 @@ class InProcessRunner(LocalRunner):
 
         import torch
 
+        from launcher.runners.rank_fork import trained_here
+
+        trained_here()  # ranks this process starts later (a sweep's next point) are exec'd
         # launcher.worker.run builds the model, the engine: torch-heavy, imported here.
         worker = "launcher.worker.run" if self.worker == "launcher.worker" else self.worker
         run_in_process = import_module(worker).run_in_process

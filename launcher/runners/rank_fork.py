@@ -9,30 +9,27 @@ agent sees a process it can poll, wait for and signal as it does its own (its
 `SubprocessHandler._popen` is the one seam replaced), so restarts, failures and signals behave
 the same.
 
-Forking is used only where it is safe: no CUDA device (the CUDA driver does not survive a fork),
-threads that work in a forked child (not so once torch computed in this process: a probe child
-tries),
-no redirected rank output, and this torch still having the seam; otherwise torchrun execs as
-usual. LAUNCHER_RANK_START=exec asks for the exec'd ranks everywhere (docs/development.md).
+Forking is used only where it is safe: on Linux; no CUDA device (the CUDA driver does not
+survive a fork); nothing trained in this process before (`trained_here`: a sweep's in-process
+point leaves DeepSpeed's patches, compiled code and OpenMP's threads behind); a probe child that
+can run torch's threads; no redirected rank output; this torch still having the seam. Otherwise
+torchrun execs as usual. LAUNCHER_RANK_START=exec asks for exec'd ranks everywhere. What the
+child does to be a fresh rank: launcher/runners/rank_child.py.
 
 A forked rank is named `rank<N>` (`ps -o comm`, `top`); its command line is its parent's.
 """
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import io
 import os
 import signal
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import import_module
-from typing import Any, NoReturn
+from typing import Any
 
 RANK_START_ENV = "LAUNCHER_RANK_START"
 """`exec`: torchrun's own way, a new interpreter per rank; anything else: fork where safe."""
@@ -41,11 +38,11 @@ FORKED: dict[int, dict[str, str]] = {}
 """pid -> the rank's torchrun variables (RANK, LOCAL_RANK, WORLD_SIZE) of every rank forked by
 this process: a forked rank's /proc environ is its parent's, so the launcher asks here."""
 
-_PR_SET_NAME = 15
 PROBE_TIMEOUT_S = 2.0
 _RANK_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 _THREADS_BROKEN = False
 """Set once a probe failed: torch's threads, once started here, stay."""
+_TRAINED_HERE = False
 
 
 def rank_environment(pid: int) -> dict[str, str] | None:
@@ -55,19 +52,29 @@ def rank_environment(pid: int) -> dict[str, str] | None:
 
 def fork_possible() -> bool:
     """Whether ranks may be forked here (module docstring)."""
-    if os.environ.get(RANK_START_ENV, "").strip().lower() == "exec":
+    global _THREADS_BROKEN
+    if os.environ.get(RANK_START_ENV, "").strip().lower() == "exec" or _TRAINED_HERE:
         return False
+    if not sys.platform.startswith("linux") or _THREADS_BROKEN:
+        return False  # elsewhere a fork after torch's import is unsafe, PDEATHSIG missing
     from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-    if not callable(getattr(SubprocessHandler, "_popen", None)) or not hasattr(os, "fork"):
+    if not callable(getattr(SubprocessHandler, "_popen", None)):
         return False
     import torch
 
-    global _THREADS_BROKEN
-    if torch.cuda.is_available() or _THREADS_BROKEN:
+    if torch.cuda.is_initialized() or torch.cuda.is_available():
         return False
     _THREADS_BROKEN = not threads_survive_fork()
     return not _THREADS_BROKEN
+
+
+def trained_here() -> None:
+    """This process is about to train (an in-process run: a sweep's dp=1 point, `launch verify`'s
+    reference): ranks it starts later are exec'd, not forked with what training leaves behind
+    (DeepSpeed's patches of torch, compiled code, a tracker's globals, OpenMP's threads)."""
+    global _TRAINED_HERE
+    _TRAINED_HERE = True
 
 
 class ForkedRank:
@@ -121,21 +128,25 @@ def threads_survive_fork(timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         stream.flush()
     parent, pid = os.getpid(), os.fork()
     if pid == 0:
+        code = 1
         try:
             from launcher.lifetime import die_with_parent
 
             die_with_parent(parent=parent)  # a hung probe never outlives this process
             torch.set_num_threads(2)
             torch.ones(1 << 17).add_(1)  # over ATen's grain size: a parallel region
+            code = 0
         finally:
-            os._exit(0)
+            os._exit(code)
     probe = ForkedRank(pid, ("probe",))
     try:
         return probe.wait(timeout_s) == 0
     except subprocess.TimeoutExpired:
-        os.kill(pid, signal.SIGKILL)
-        probe.wait()
         return False
+    finally:
+        if probe.poll() is None:
+            os.kill(pid, signal.SIGKILL)
+            probe.wait()
 
 
 def _worker_of(args: tuple[str, ...]) -> tuple[str, list[str]] | None:
@@ -184,70 +195,22 @@ def forking_ranks(worker: str) -> Iterator[bool]:
 
 
 def _fork(module: str, argv: list[str], env: dict[str, str], args: tuple[str, ...]) -> ForkedRank:
+    from launcher.runners.rank_child import become_rank
+
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # or the rank would write this process's pending output again
+    ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _become_rank(module, argv, env)
+        try:
+            os.close(ready_r)
+            become_rank(module, argv, env, ready_w)
+        finally:
+            os._exit(1)  # never back into the agent's code
+    os.close(ready_w)
+    try:
+        os.read(ready_r, 1)  # EOF once the rank leads its own session: killpg finds it
+    finally:
+        os.close(ready_r)
     FORKED[pid] = {key: env[key] for key in _RANK_KEYS if key in env}
     return ForkedRank(pid, args)
-
-
-def _become_rank(module: str, argv: list[str], env: dict[str, str]) -> NoReturn:
-    """The forked child: what a new `python -u -m MODULE ARGV` with `env` would be, then its main.
-    Never returns into the agent's code."""
-    code = 1
-    try:
-        os.setsid()  # as torchrun's Popen(start_new_session=True): the agent signals the group
-        _as_new_interpreter(module, argv, env)
-        from launcher.worker.__main__ import main
-
-        code = main(argv, worker=module)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        from launcher.lifetime import exit_now
-
-        exit_now(code)
-
-
-def _as_new_interpreter(module: str, argv: list[str], env: dict[str, str]) -> None:
-    # The parent's handlers, exit hooks and buffered streams are the parent's business.
-    for sig in signal.valid_signals():
-        handler = signal.getsignal(sig)
-        if callable(handler) and sig not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(sig, signal.SIG_DFL)
-    signal.set_wakeup_fd(-1)
-    clear_exit_hooks = getattr(atexit, "_clear", None)
-    if clear_exit_hooks is not None:
-        clear_exit_hooks()
-    os.environ.clear()
-    os.environ.update(env)
-    sys.stdout, sys.stderr = _unbuffered(1, sys.stdout), _unbuffered(2, sys.stderr)
-    main_module = f"{module}.__main__" if module == "launcher.worker" else module
-    sys.argv = [getattr(import_module(main_module), "__file__", None) or module, *argv]
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)  # as `python -m` puts it there
-    threads = env.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        import torch
-
-        torch.set_num_threads(int(threads))  # read once at start-up by a new interpreter
-    try:
-        name = f"rank{env.get('RANK', '')}".encode()[:15]
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _unbuffered(fd: int, like: Any) -> io.TextIOWrapper:
-    """A text stream on `fd` as `python -u` makes one (no buffer between it and the descriptor)."""
-    return io.TextIOWrapper(
-        io.FileIO(fd, "w", closefd=False),
-        encoding=getattr(like, "encoding", None) or "utf-8",
-        errors=getattr(like, "errors", None) or "strict",
-        write_through=True,
-    )

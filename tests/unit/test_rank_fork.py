@@ -3,12 +3,14 @@ and the probe that keeps a process whose torch threads ran from forking ranks.""
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +79,40 @@ def test_the_probe_refuses_a_process_whose_torch_threads_have_run() -> None:
     env = {k: v for k, v in os.environ.items() if k != rank_fork.RANK_START_ENV}
     out = subprocess.run([PY, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.split() == ["True", "False"], out.stderr
+
+
+def test_a_process_that_trained_forks_no_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(rank_fork.RANK_START_ENV, raising=False)
+    monkeypatch.setattr(rank_fork, "_TRAINED_HERE", False)
+    rank_fork.trained_here()
+    assert fork_possible() is False
+
+
+def test_a_forked_rank_that_fails_ends_with_its_status_and_runs_none_of_the_parents_hooks(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "parent_hook_ran"
+    me = os.getpid()
+
+    def parent_hook() -> None:  # would run in the rank if its exit hooks were the parent's
+        if os.getpid() != me:
+            marker.write_text("ran")
+
+    atexit.register(parent_hook)
+    try:
+        env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+        config = str(tmp_path / "missing" / "config.yaml")
+        args = (PY, "-u", "-m", "launcher.worker", config)
+        rank = rank_fork._fork("launcher.worker", [config], env, args)
+        assert os.getpid() == me  # only the parent comes back from the fork
+        assert rank_fork.rank_environment(rank.pid) == {
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+        }
+        code = rank.wait(timeout=120)
+    finally:
+        atexit.unregister(parent_hook)
+    assert code not in (0, None)  # the config is missing: the worker's own error status
+    assert rank_fork.rank_environment(rank.pid) is None  # forgotten once reaped
+    assert not marker.exists()
