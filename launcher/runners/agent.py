@@ -127,7 +127,7 @@ def run_agent(args: list[str]) -> list[RankFailure]:
     os.environ[AGENT_PID_ENV] = str(os.getpid())
     worker = args[args.index("-m") + 1] if "-m" in args[:-1] else ""
     try:
-        with forking_ranks(worker) if worker.startswith("launcher.") else nullcontext():
+        with forking_ranks() if worker.startswith("launcher.") else nullcontext():
             run(parse_own_args(args))
     except ChildFailedError as exc:
         return failures_of(exc)

@@ -5,25 +5,26 @@ the agent's code.
 What a new interpreter would not have is dropped: the parent's signal handlers (SIGINT gets
 Python's KeyboardInterrupt handler back, SIG_IGN stays ignored, as across an exec), its exit
 hooks and pending finalizers (which would clean up `launch`'s resources), its multiprocessing
-children, its log handlers and buffered streams, its environment. The file descriptors it held
-stay open in the rank (the run lock among them, which is then held until the last rank ends);
-closing them here could close a descriptor number the rank reuses, when an object of the parent's
-that owned it is collected.
+children, its log handlers, its environment; its streams write each line at once. The file
+descriptors it held stay open in the rank (the run lock among them, then held until the last
+rank ends): closing them here could close a number the rank reuses, once an object of the
+parent's that owned it is collected. The parent's stack stays under the rank's (hang reports
+show those frames too).
 """
 
 from __future__ import annotations
 
 import atexit
 import ctypes
-import io
 import logging
 import os
 import signal
 import sys
 import traceback
 import weakref
+from contextlib import suppress
 from importlib import import_module
-from typing import Any, NoReturn
+from typing import NoReturn
 
 _PR_SET_NAME = 15
 
@@ -57,7 +58,13 @@ def as_new_interpreter(module: str, argv: list[str], env: dict[str, str]) -> Non
     _drop_exit_hooks()
     os.environ.clear()
     os.environ.update(env)
-    sys.stdout, sys.stderr = _unbuffered(1, sys.stdout), _unbuffered(2, sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        # The same objects (what wandb's console capture hooked in `launch` stays hooked), each
+        # line out at once as under `python -u`.
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with suppress(ValueError):
+                reconfigure(line_buffering=True, write_through=True)
     from launcher.logs import setup_logging
 
     setup_logging(int(env.get("RANK", "0") or 0))  # the parent's handlers talk as `launch`
@@ -113,13 +120,3 @@ def _drop_exit_hooks() -> None:
     if data_utils is not None and hasattr(data_utils, "_set_python_exit_flag"):
         atexit.register(data_utils._set_python_exit_flag)
     atexit.register(logging.shutdown)
-
-
-def _unbuffered(fd: int, like: Any) -> io.TextIOWrapper:
-    """A text stream on `fd` as `python -u` makes one (no buffer between it and the descriptor)."""
-    return io.TextIOWrapper(
-        io.FileIO(fd, "w", closefd=False),
-        encoding=getattr(like, "encoding", None) or "utf-8",
-        errors=getattr(like, "errors", None) or "strict",
-        write_through=True,
-    )

@@ -43,6 +43,7 @@ _RANK_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 _THREADS_BROKEN = False
 """Set once a probe failed: torch's threads, once started here, stay."""
 _TRAINED_HERE = False
+_OWN_CODE = ("launcher.", "torch.")
 
 
 def rank_environment(pid: int) -> dict[str, str] | None:
@@ -171,27 +172,74 @@ def preload(module: str) -> None:
 
 
 @contextmanager
-def forking_ranks(worker: str) -> Iterator[bool]:
-    """While the agent runs: fork its `worker` ranks (True) where `fork_possible`."""
-    if not fork_possible():
-        yield False
-        return
+def forking_ranks() -> Iterator[None]:
+    """While the agent runs: its launcher worker ranks are forked where `fork_possible` and the
+    run has no code of the user's (`runs_user_code`). Decided, and the imports made, when the
+    first rank starts: after the rendezvous, which an elastic node must not reach late."""
     from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-    preload(worker)
     exec_rank = SubprocessHandler._popen
+    decided: dict[tuple[str, ...], bool] = {}
 
     def popen(handler: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
         found = _worker_of(tuple(args))
         if found is None or getattr(handler, "_stdout", None) or getattr(handler, "_stderr", None):
             return exec_rank(handler, args, env)
-        return _fork(found[0], found[1], env, tuple(args))
+        module, argv = found
+        key = (module, *argv)
+        if key not in decided:
+            decided[key] = fork_possible() and not runs_user_code(argv)
+            if decided[key]:
+                preload(module)
+        if not decided[key]:
+            return exec_rank(handler, args, env)
+        return _fork(module, argv, env, tuple(args))
 
     SubprocessHandler._popen = popen  # type: ignore[method-assign,assignment]
     try:
-        yield True
+        yield
     finally:
         SubprocessHandler._popen = exec_rank  # type: ignore[method-assign]
+
+
+def runs_user_code(argv: list[str]) -> bool:
+    """Whether the rank's config names code of the user's (a `_target_` outside the launcher and
+    torch), or this process imported a module from its working directory: importing it here,
+    for the plan, ran its import-time code in `launch` (a thread it starts, a hook it registers,
+    the environment it reads); a rank of its own imports it again, as an exec'd one does."""
+    import launcher
+
+    here = os.getcwd() + os.sep
+    # Not the user's: the Python installation, and this package (an editable install's, and
+    # `python -m launcher.cli`'s __main__).
+    ours = (sys.prefix, sys.base_prefix, os.path.dirname(launcher.__file__))
+    skip = tuple({os.path.join(path, "") for path in ours})
+    for module in list(sys.modules.values()):
+        origin = getattr(module, "__file__", None) or ""
+        if origin.startswith(here) and not origin.startswith(skip):
+            return True
+    config = argv[-1] if argv and argv[-1].endswith((".yaml", ".yml")) else None
+    if config is None:
+        return True
+    try:
+        from omegaconf import OmegaConf
+
+        tree = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
+    except Exception:
+        return True
+    return any(not target.startswith(_OWN_CODE) for target in _targets(tree))
+
+
+def _targets(tree: Any) -> Iterator[str]:
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if key == "_target_" and isinstance(value, str) and value:
+                yield value
+            else:
+                yield from _targets(value)
+    elif isinstance(tree, list):
+        for value in tree:
+            yield from _targets(value)
 
 
 def _fork(module: str, argv: list[str], env: dict[str, str], args: tuple[str, ...]) -> ForkedRank:

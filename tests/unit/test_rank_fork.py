@@ -116,3 +116,26 @@ def test_a_forked_rank_that_fails_ends_with_its_status_and_runs_none_of_the_pare
     assert code not in (0, None)  # the config is missing: the worker's own error status
     assert rank_fork.rank_environment(rank.pid) is None  # forgotten once reaped
     assert not marker.exists()
+
+
+def test_a_run_of_the_users_code_execs_its_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launcher.runners.rank_fork import runs_user_code
+
+    monkeypatch.chdir(tmp_path)  # nothing imported from here
+    builtin = tmp_path / "builtin.yaml"
+    builtin.write_text("model:\n  _target_: launcher.models.gpt.GPT\ndata:\n  name: reverse\n")
+    users = tmp_path / "users.yaml"
+    users.write_text("model:\n  _target_: my_project.models.Net\n  d_model: 8\n")
+    assert runs_user_code([str(builtin)]) is False
+    assert runs_user_code([str(users)]) is True  # its import-time code ran in `launch`
+    assert runs_user_code(["not-a-config"]) is True
+    (tmp_path / "imported_here.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import imported_here  # noqa: F401
+
+    try:
+        assert runs_user_code([str(builtin)]) is True
+    finally:
+        sys.modules.pop("imported_here", None)
