@@ -32,7 +32,9 @@ from importlib import import_module
 from typing import Any
 
 RANK_START_ENV = "LAUNCHER_RANK_START"
-"""`exec`: torchrun's own way, a new interpreter per rank; anything else: fork where safe."""
+"""`exec`: torchrun's own way, a new interpreter per rank; `fork`, `auto` or unset: fork where
+safe; anything else is refused before the launch (`rank_start`)."""
+_RANK_STARTS = ("", "auto", "fork", "exec")
 
 FORKED: dict[int, dict[str, str]] = {}
 """pid -> the rank's torchrun variables (RANK, LOCAL_RANK, WORLD_SIZE) of every rank forked by
@@ -51,10 +53,25 @@ def rank_environment(pid: int) -> dict[str, str] | None:
     return FORKED.get(pid)
 
 
+def rank_start() -> str:
+    """LAUNCHER_RANK_START, checked: `exec`, or `fork` (where safe; also for `auto` or unset)."""
+    value = os.environ.get(RANK_START_ENV, "").strip().lower()
+    if value not in _RANK_STARTS:
+        from launcher.errors import EnvironmentProblem
+
+        raise EnvironmentProblem(
+            f"{RANK_START_ENV}={os.environ[RANK_START_ENV]!r} is not a way to start ranks "
+            f"(exec, fork or auto). Fix: `export {RANK_START_ENV}=exec` (each rank a new "
+            f"interpreter, as torchrun does) or `unset {RANK_START_ENV}` (forked from `launch` "
+            "where safe)."
+        )
+    return "exec" if value == "exec" else "fork"
+
+
 def fork_possible() -> bool:
     """Whether ranks may be forked here (module docstring)."""
     global _THREADS_BROKEN
-    if os.environ.get(RANK_START_ENV, "").strip().lower() == "exec" or _TRAINED_HERE:
+    if rank_start() == "exec" or _TRAINED_HERE:
         return False
     if not sys.platform.startswith("linux") or _THREADS_BROKEN:
         return False  # elsewhere a fork after torch's import is unsafe, PDEATHSIG missing

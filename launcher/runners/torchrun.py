@@ -76,7 +76,10 @@ def torchrun_argv(cfg: RootConfig, run_dir: Path, worker: str = "launcher.worker
 
 def environment_additions(cfg: RootConfig) -> dict[str, str]:
     """What the ranks' environment gets on top of this one (unless already set); `launch plan`
-    shows it next to the command."""
+    shows it next to the command. A bad LAUNCHER_RANK_START is refused here, before the launch."""
+    from launcher.runners.rank_fork import rank_start
+
+    rank_start()
     extra = {**thread_environment(cfg), "PYTHONUNBUFFERED": "1"}
     if cfg.restarts > 0:
         # torchrun's shared rendezvous store keeps the killed ranks' addresses, and restarted

@@ -147,3 +147,18 @@ def test_pet_nnodes_min_max_is_an_elastic_job_of_min_to_max_nodes(tmp_path: Path
     (overrides,) = groups(message)
     run_launch(["plan", *applied(fixed, overrides)], tmp_path / "fixed", env=env)
     run_launch(["plan", *fixed], tmp_path / "env_fixed", env={**env, "PET_NNODES": "2:2"})
+
+
+def test_a_bad_rank_start_is_refused_before_the_launch_and_its_printed_fix_works(
+    tmp_path: Path,
+) -> None:
+    args = ["plan", "parallel.dp=2", "wandb.mode=disabled"]
+    bad = run_launch(args, tmp_path / "bad", env={"LAUNCHER_RANK_START": "frok"}, check=False)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    line = next(line for line in bad.stderr.splitlines() if "Fix:" in line)
+    assert "LAUNCHER_RANK_START='frok'" in line and "Traceback" not in bad.stderr
+    assert not (tmp_path / "bad").exists()  # nothing written
+    exports = re.findall(r"`export (\w+)=(\w+)`", line.split("Fix:", 1)[1])
+    assert exports == [("LAUNCHER_RANK_START", "exec")]
+    fixed = run_launch(args, tmp_path / "fixed", env=dict(exports))
+    assert fixed.returncode == 0 and "command" in fixed.stdout
