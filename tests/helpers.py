@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import IO, Any
 
 from tests.cores import at_least, hold_at_least, ranks_started_by
-
-REPO = Path(__file__).resolve().parent.parent
-LAUNCH = [sys.executable, "-m", "launcher.cli"]
+from tests.served import LAUNCH as LAUNCH  # the command line of `launch`, for the tests
+from tests.served import REPO, popen
 
 # Small, fast settings for runs inside tests (the tiny model on the built-in task).
 FAST = [
@@ -39,10 +37,12 @@ def run_launch(
 ) -> subprocess.CompletedProcess[str]:
     """Run `launch <args>` (hydra.run.dir=run_dir when given) and return its output: in this
     process where tests/inprocess.py allows it (the same code without a Python start-up), else in
-    a subprocess. in_process=True: `env` matters to the ranks only (see runs_in_process). A
-    deadline (timeout=) needs a process to kill when it passes: it runs a subprocess (300 s when
-    none is given)."""
+    a process of its own (tests/served.py: forked from a warm server, or a new interpreter).
+    in_process=True: `env` matters to the ranks only (see runs_in_process). A deadline
+    (timeout=) needs a process to kill when it passes: it runs in a process of its own (300 s
+    when none is given)."""
     from tests.inprocess import completed, runs_in_process
+    from tests.served import served_run
 
     args = [*args, *([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])]
     extra = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", **(env or {})}
@@ -53,13 +53,8 @@ def run_launch(
             how = "in-process"
         else:
             how = "subprocess"
-            proc = subprocess.run(
-                [*LAUNCH, *args],
-                cwd=REPO,
-                env={**os.environ, **extra},
-                capture_output=True,
-                text=True,
-                timeout=300 if timeout is None else timeout,
+            proc = served_run(
+                args, REPO, {**os.environ, **extra}, 300 if timeout is None else timeout
             )
     log_launch(args, how, time.monotonic() - started)
     if check and proc.returncode != 0:
@@ -131,13 +126,13 @@ class BackgroundLaunch:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self._log: IO[str] = open(log_path, "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [*LAUNCH, *args, f"hydra.run.dir={run_dir}"],
-            cwd=REPO,
-            env={**os.environ, **env},
+        self.proc = popen(
+            [*args, f"hydra.run.dir={run_dir}"],
+            REPO,
+            {**os.environ, **env},
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            start_new_session=own_session,
+            own_session=own_session,
         )
 
     @property

@@ -1,0 +1,68 @@
+"""The tests' warm `launch` server (tests/launch_server.py, tests/served.py): a served launch is a
+process of its own with the exit status, streams, signals and deadline a subprocess has, and an
+environment read at start-up gets a new interpreter."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import served
+from tests.served import REPO, ServedLaunch
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork server: Linux")
+
+
+@pytest.fixture(scope="module")
+def server() -> served._Server:
+    found = served._server()
+    if found is None:
+        pytest.fail("the launch server did not start (see the warning); tests/served.py")
+    return found
+
+
+def test_exit_status_and_streams_are_the_launch_s(server: served._Server, tmp_path: Path) -> None:
+    env = dict(server.env)
+    good = served.served_run(["plan", f"hydra.run.dir={tmp_path}"], REPO, env, 120)
+    assert good.returncode == 0, good.stderr
+    assert "sequences/step" in good.stdout and good.stderr == ""
+    bad = served.served_run(
+        ["plan", "batch.global_size=-1", f"hydra.run.dir={tmp_path}"], REPO, env, 120
+    )
+    assert bad.returncode != 0
+    assert "batch.global_size" in bad.stderr and "batch.global_size" not in bad.stdout
+
+
+def test_a_killed_launch_reports_the_signal(server: served._Server, tmp_path: Path) -> None:
+    with open(tmp_path / "log", "w") as log:
+        proc = served.popen(
+            ["train", "train.steps=100000", "wandb.mode=disabled", f"hydra.run.dir={tmp_path}"],
+            REPO,
+            dict(server.env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            own_session=True,
+        )
+    assert isinstance(proc, ServedLaunch)
+    assert proc.poll() is None
+    assert os.getpgid(proc.pid) == proc.pid  # its own session, as start_new_session gives
+    proc.kill()
+    assert proc.wait(60) == -signal.SIGKILL
+
+
+def test_a_deadline_kills_the_launch(server: served._Server, tmp_path: Path) -> None:
+    args = ["train", "train.steps=100000", "wandb.mode=disabled", f"hydra.run.dir={tmp_path}"]
+    with pytest.raises(subprocess.TimeoutExpired):
+        served.served_run(args, REPO, dict(server.env), timeout=0.5)
+
+
+def test_an_environment_read_at_start_up_gets_a_new_interpreter(server: served._Server) -> None:
+    same = dict(server.env)
+    assert server.forks_alike({**same, "OMP_NUM_THREADS": "1", "LAUNCHER_X": "1"})
+    for key in ("PYTHONPATH", "LD_PRELOAD", "TORCH_LOGS", "MKL_NUM_THREADS", "OMP_PROC_BIND"):
+        assert not server.forks_alike({**same, key: "x"}), key
