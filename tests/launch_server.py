@@ -48,6 +48,8 @@ def serve(path: str) -> None:
 
     for module in PRELOAD:
         import_module(module)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the tests, not here
+    os.close(os.pidfd_open(os.getpid()))  # Linux 5.3: refused here, not at the first launch
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
@@ -59,7 +61,12 @@ def serve(path: str) -> None:
             return  # the test process ended; its launches end with their own runs
         if listener in readable:
             conn, _ = listener.accept()
-            started = _start(conn, listener, running)
+            try:
+                started = _start(conn, listener, running)
+            except (OSError, ValueError, KeyError):
+                traceback.print_exc()  # this request only: the test sees its connection close
+                conn.close()
+                continue
             if started is not None:
                 running[os.pidfd_open(started)] = (started, conn)
         for pidfd in [fd for fd in readable if isinstance(fd, int) and fd in running]:
@@ -104,8 +111,10 @@ def _become_launch(
     a new interpreter makes (exit hooks, streams flushed)."""
     import atexit
     import runpy
+    import tempfile
+    import threading
 
-    code = 1
+    code, interrupted = 1, False
     try:
         for fd in server_fds:
             os.close(fd)
@@ -118,6 +127,7 @@ def _become_launch(
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        tempfile.tempdir = None  # the server's imports fixed it from the server's TMPDIR
         _as_new_interpreter(request["env"])
         _show_command_line([sys.executable, "-m", "launcher.cli", *request["args"]])
         sys.argv = ["launch", *request["args"]]
@@ -129,23 +139,25 @@ def _become_launch(
             code = exc.code or 0
         else:
             print(exc.code, file=sys.stderr)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)  # as Python ends on an unhandled Ctrl-C
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as exc:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        interrupted = isinstance(exc, KeyboardInterrupt)
     finally:
-        try:
+        try:  # as the interpreter ends: threads joined, exit hooks, streams flushed
+            threading._shutdown()  # type: ignore[attr-defined]
             atexit._run_exitfuncs()
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
+            if interrupted:  # then an unhandled Ctrl-C ends the process by SIGINT
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
         finally:
             os._exit(code)
 
 
 def _as_new_interpreter(env: dict[str, str]) -> None:
-    """Signals as after an exec (handled ones back to default, SIGINT to KeyboardInterrupt);
+    """Signals as after an exec (handled ones back to default, SIGINT to KeyboardInterrupt, as
+    under a test process whose SIGINT is handled);
     torch's thread count as OMP_NUM_THREADS sets it at start-up; `python -m`'s sys.path[0]; no
     module of this harness left (a module from the working directory is the user's code to
     launch: launcher/runners/rank_fork.py's runs_user_code)."""

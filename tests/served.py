@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from contextlib import suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,7 +28,10 @@ from tests.launch_server import COMMAND_LINE_ROOM
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = [sys.executable, "-m", "launcher.cli"]
 READY_TIMEOUT_S = 180.0
-_READ_AT_START = ("PYTHON", "LD_", "TORCH", "MKL", "KMP", "GOMP", "OMP_")
+_READ_AT_START = (
+    *("PYTHON", "PYTORCH", "TORCH", "LD_", "MKL", "KMP", "GOMP", "OMP_", "OPENBLAS", "GOTO"),
+    *("LANG", "LC_", "LOGLEVEL"),
+)
 _SERVER: dict[int, _Server | None] = {}  # this process's pid -> its server (none after a fork)
 _ENVIRONMENT = dict(os.environ)
 """The servers' environment: this process's before any test changed it (a server started while a
@@ -78,6 +82,8 @@ def _server() -> _Server | None:
 def _fd(stream: IO[Any] | int | None, default: int) -> int:
     if stream is None:
         return default
+    if stream == subprocess.DEVNULL:
+        return os.open(os.devnull, os.O_RDWR)  # closed once sent (ServedLaunch)
     return stream if isinstance(stream, int) else stream.fileno()
 
 
@@ -99,11 +105,19 @@ class ServedLaunch:
         self.returncode: int | None = None
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._conn.connect(server.path)
-        out = _fd(stdout, 1)
-        err = out if stderr == subprocess.STDOUT else _fd(stderr, 2)
+        fds = [_fd(stdin, 0), _fd(stdout, 1)]
+        fds.append(fds[1] if stderr == subprocess.STDOUT else _fd(stderr, 2))
         request = {"args": args, "cwd": str(cwd), "env": env, "own_session": own_session}
-        socket.send_fds(self._conn, [json.dumps(request).encode()], [_fd(stdin, 0), out, err])
-        self.pid = int(self._conn.recv(64))
+        try:
+            socket.send_fds(self._conn, [json.dumps(request).encode()], fds)
+        finally:
+            for fd, stream in zip(fds, (stdin, stdout, stderr), strict=True):
+                if stream == subprocess.DEVNULL:
+                    os.close(fd)
+        reply = self._conn.recv(64)
+        if not reply:
+            raise OSError(f"the launch server refused `launch {' '.join(args)}` (its stderr)")
+        self.pid = int(reply)
 
     def _reply(self, timeout: float | None) -> int | None:
         self._conn.settimeout(timeout)
@@ -111,8 +125,10 @@ class ServedLaunch:
             data = self._conn.recv(64)
         except (TimeoutError, BlockingIOError):
             return None
+        if not data:  # the launch may still run: nothing to report as its status
+            raise RuntimeError(f"the launch server died while pid {self.pid} ran")
         code, _, cpu = data.decode().partition(" ")
-        self.returncode = int(code) if code else 1  # no status: the server died
+        self.returncode = int(code)
         CPU_SECONDS[0] += float(cpu or 0.0)
         self._conn.close()
         return self.returncode
@@ -128,7 +144,8 @@ class ServedLaunch:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            with suppress(ProcessLookupError):  # ended, its status not yet sent
+                os.kill(self.pid, sig)
 
     def terminate(self) -> None:
         import signal
@@ -147,7 +164,7 @@ def popen(
     """`launch ARGS` started as `subprocess.Popen([*LAUNCH, *args], ...)` would start it; `env`
     is the whole environment. streams: stdin, stdout, stderr, own_session."""
     server = _server()
-    if server is not None and server.forks_alike(env):
+    if server is not None and server.forks_alike(env) and subprocess.PIPE not in streams.values():
         try:
             return ServedLaunch(server, args, cwd, env, **streams)
         except OSError as exc:  # the server is gone: new interpreters from here on
@@ -169,12 +186,14 @@ def served_run(
         proc = popen(args, cwd, env, stdout=out, stderr=err)
         try:
             code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             proc.kill()
             proc.wait()
+            exc.stdout, exc.stderr = _read(out), _read(err)
             raise
-        texts = []
-        for file in (out, err):
-            file.seek(0)
-            texts.append(file.read().decode("utf-8", errors="replace"))
-        return subprocess.CompletedProcess([*LAUNCH, *args], code, texts[0], texts[1])
+        return subprocess.CompletedProcess([*LAUNCH, *args], code, _read(out), _read(err))
+
+
+def _read(file: IO[bytes]) -> str:
+    file.seek(0)
+    return file.read().decode("utf-8", errors="replace")
