@@ -11,9 +11,11 @@ interpreter, to tell a test's failure from this harness's).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -44,6 +46,7 @@ process's, so RUSAGE_CHILDREN misses them): tests/suite_profile.py adds them."""
 class _Server:
     def __init__(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="launch-server-")
+        atexit.register(shutil.rmtree, self.directory, ignore_errors=True)  # its socket
         self.path = os.path.join(self.directory, "socket")
         self.env = {k: v for k, v in _ENVIRONMENT.items() if k != "OMP_NUM_THREADS"}
         self.proc = subprocess.Popen(
