@@ -30,6 +30,8 @@ from typing import IO
 
 import torch
 
+from tests.served import read_output
+
 COMMANDS = ("train", "plan", "export")
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)
 _PROCESS_WIDE = ("deepspeed", "train.compile=true", "train.compile=True")
@@ -111,11 +113,6 @@ def _output_to(out: IO[bytes], err: IO[bytes]) -> Iterator[None]:
         os.close(saved[1])
 
 
-def _read(file: IO[bytes]) -> str:
-    file.seek(0)
-    return file.read().decode("utf-8", errors="replace")
-
-
 def launch_in_process(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str, str]:
     """`launch <argv>` run by `launcher.cli.main` here: (exit status, stdout, stderr)."""
     from hydra.core.global_hydra import GlobalHydra
@@ -142,7 +139,7 @@ def launch_in_process(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[
                 code = 1
             finally:
                 GlobalHydra.instance().clear()
-        return code, _read(out), _read(err)
+        return code, read_output(out), read_output(err)
 
 
 def completed(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -98,7 +98,7 @@ def _start(
         _become_launch(request, fds, [conn.fileno(), started_r, *inherited], started_w)
     for fd in [*fds, started_w]:
         os.close(fd)
-    os.read(started_r, 1)  # EOF once the child has its session and streams, as Popen returns
+    os.read(started_r, 1)  # EOF once the child has its session, streams and command line
     os.close(started_r)
     conn.send(str(pid).encode())
     return pid
@@ -122,7 +122,7 @@ def _become_launch(
             os.setsid()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
-        for fd in {*fds, started}:
+        for fd in set(fds):
             os.close(fd)
         os.chdir(request["cwd"])
         os.environ.clear()
@@ -130,6 +130,7 @@ def _become_launch(
         tempfile.tempdir = None  # the server's imports fixed it from the server's TMPDIR
         _as_new_interpreter(request["env"])
         _show_command_line([sys.executable, "-m", "launcher.cli", *request["args"]])
+        os.close(started)  # the test's handle returns now, as Popen's returns after the exec
         sys.argv = ["launch", *request["args"]]
         sys.modules.pop("launcher.cli", None)  # run as __main__ only, as `python -m` runs it
         runpy.run_module("launcher.cli", run_name="__main__", alter_sys=True)
@@ -161,10 +162,10 @@ def _as_new_interpreter(env: dict[str, str]) -> None:
     torch's thread count as OMP_NUM_THREADS sets it at start-up; `python -m`'s sys.path[0]; no
     module of this harness left (a module from the working directory is the user's code to
     launch: launcher/runners/rank_fork.py's runs_user_code)."""
-    for sig in signal.valid_signals():
-        if callable(signal.getsignal(sig)) and sig not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    from launcher.runners.rank_child import _signals_as_after_exec
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # the server ignores it; the test process not
+    _signals_as_after_exec()  # as a forked rank's: the same reset
     threads = env.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         import torch

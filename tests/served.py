@@ -3,10 +3,11 @@ server (one per test process, started on first use) instead of a new interpreter
 
 `ServedLaunch` is what the tests use of a `subprocess.Popen` (pid, poll, wait, signals);
 `served_run` what they use of `subprocess.run`. A launch runs as a real subprocess instead where a
-fork would not be the same: an environment read when Python or torch start (PYTHON*, LD_*, TORCH*,
-MKL/KMP/GOMP/OMP_ other than OMP_NUM_THREADS) that differs from the server's; no server (not
-Linux, or it failed to start: said once); LAUNCHER_TESTS_SUBPROCESS=1 (every launch a new
-interpreter, to tell a test's failure from this harness's).
+fork would not be the same: an environment read when Python or torch start (`_READ_AT_START`:
+PYTHON*, PYTORCH*, TORCH*, LD_*, the thread libraries' other than OMP_NUM_THREADS, the locale,
+LOGLEVEL) that differs from the server's; a stream asked for as a pipe; no server (not Linux, or
+it failed to start: said once); LAUNCHER_TESTS_SUBPROCESS=1 (every launch a new interpreter, to
+tell a test's failure from this harness's).
 """
 
 from __future__ import annotations
@@ -192,11 +193,13 @@ def served_run(
         except subprocess.TimeoutExpired as exc:
             proc.kill()
             proc.wait()
-            exc.stdout, exc.stderr = _read(out), _read(err)
+            exc.stdout, exc.stderr = read_output(out), read_output(err)
             raise
-        return subprocess.CompletedProcess([*LAUNCH, *args], code, _read(out), _read(err))
+        texts = read_output(out), read_output(err)
+        return subprocess.CompletedProcess([*LAUNCH, *args], code, *texts)
 
 
-def _read(file: IO[bytes]) -> str:
+def read_output(file: IO[bytes]) -> str:
+    """A captured stream's text, as subprocess's text mode gives it (undecodable bytes replaced)."""
     file.seek(0)
     return file.read().decode("utf-8", errors="replace")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests import served
@@ -54,6 +55,8 @@ def test_a_killed_launch_reports_the_signal(server: served._Server, tmp_path: Pa
         assert isinstance(proc, ServedLaunch)
         assert proc.poll() is None
         assert os.getpgid(proc.pid) == proc.pid  # its own session, as start_new_session gives
+        shown = psutil.Process(proc.pid).cmdline()  # ps and psutil see the launch's own
+        assert shown[:4] == [*served.LAUNCH, "train"] and shown[-1] == f"hydra.run.dir={tmp_path}"
     finally:
         proc.kill()  # a run of 100000 steps never outlives the test
     assert proc.wait(60) == -signal.SIGKILL
