@@ -27,7 +27,8 @@ from contextlib import suppress
 from typing import Any, NoReturn
 
 MAX_REQUEST = 1 << 20
-COMMAND_LINE_ROOM = 16384
+COMMAND_LINE_ROOM = 4096
+"""The kernel shows one page of a rewritten command line: a longer one is cut there."""
 PRELOAD = (
     "torch",
     "torch._dynamo",

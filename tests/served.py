@@ -13,6 +13,7 @@ tell a test's failure from this harness's).
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import select
@@ -108,6 +109,22 @@ class ServedLaunch:
         self.args = [*LAUNCH, *args]
         self.returncode: int | None = None
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._start(server, args, cwd, env, (stdin, stdout, stderr), own_session)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _start(
+        self,
+        server: _Server,
+        args: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        streams: tuple[IO[Any] | int | None, ...],
+        own_session: bool,
+    ) -> None:
+        stdin, stdout, stderr = streams
         self._conn.connect(server.path)
         fds = [_fd(stdin, 0), _fd(stdout, 1)]
         fds.append(fds[1] if stderr == subprocess.STDOUT else _fd(stderr, 2))
@@ -129,8 +146,8 @@ class ServedLaunch:
             data = self._conn.recv(64)
         except (TimeoutError, BlockingIOError):
             return None
-        if not data:  # the launch may still run: nothing to report as its status
-            raise RuntimeError(f"the launch server died while pid {self.pid} ran")
+        if not data:  # the launch may still run (kill still reaches it): no status to report
+            raise RuntimeError(f"the launch server died while pid {self.pid} ran: status lost")
         code, _, cpu = data.decode().partition(" ")
         self.returncode = int(code)
         CPU_SECONDS[0] += float(cpu or 0.0)
@@ -147,7 +164,11 @@ class ServedLaunch:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
+        try:
+            running = self.poll() is None
+        except RuntimeError:  # the server died: its status is lost, the launch may still run
+            running = True
+        if running:
             with suppress(ProcessLookupError):  # ended, its status not yet sent
                 os.kill(self.pid, sig)
 
@@ -167,15 +188,20 @@ def popen(
 ) -> ServedLaunch | subprocess.Popen[Any]:
     """`launch ARGS` started as `subprocess.Popen([*LAUNCH, *args], ...)` would start it; `env`
     is the whole environment. streams: stdin, stdout, stderr, own_session."""
+    if not Path(cwd).is_dir():  # as Popen raises, before anything starts
+        raise FileNotFoundError(errno.ENOENT, "no such directory", str(cwd))
     server = _server()
     if server is not None and server.forks_alike(env) and subprocess.PIPE not in streams.values():
         try:
             return ServedLaunch(server, args, cwd, env, **streams)
-        except OSError as exc:  # the server is gone: new interpreters from here on
-            _SERVER[os.getpid()] = None
-            warnings.warn(
-                f"launches run as new interpreters: the server failed ({exc})", stacklevel=2
-            )
+        except OSError as exc:
+            # A request over the socket's size: this launch only gets an interpreter. Else the
+            # server is gone: new interpreters from here on.
+            if exc.errno != errno.EMSGSIZE:
+                _SERVER[os.getpid()] = None
+                warnings.warn(
+                    f"launches run as new interpreters: the server failed ({exc})", stacklevel=2
+                )
     own_session = streams.pop("own_session", False)
     return subprocess.Popen(
         [*LAUNCH, *args], cwd=cwd, env=env, start_new_session=own_session, **streams
@@ -200,6 +226,7 @@ def served_run(
 
 
 def read_output(file: IO[bytes]) -> str:
-    """A captured stream's text, as subprocess's text mode gives it (undecodable bytes replaced)."""
+    """A captured stream's text: UTF-8, undecodable bytes replaced, and unlike subprocess's text
+    mode no newline translation (a stray \r stays visible to the tests of non-terminal output)."""
     file.seek(0)
     return file.read().decode("utf-8", errors="replace")

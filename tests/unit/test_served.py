@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -41,16 +42,19 @@ def test_exit_status_and_streams_are_the_launch_s(server: served._Server, tmp_pa
     assert "batch.global_size" in bad.stderr and "batch.global_size" not in bad.stdout
 
 
-def test_a_killed_launch_reports_the_signal(server: served._Server, tmp_path: Path) -> None:
+def _endless_run(server: served._Server, tmp_path: Path) -> ServedLaunch | subprocess.Popen[Any]:
+    """A `launch train` of 100000 steps in its own session, output in tmp_path/log: through
+    `popen` on this process's server, straight to any other."""
+    args = ["train", "train.steps=100000", "wandb.mode=disabled", f"hydra.run.dir={tmp_path}"]
+    streams: dict[str, Any] = {"stderr": subprocess.STDOUT, "own_session": True}
     with open(tmp_path / "log", "w") as log:
-        proc = served.popen(
-            ["train", "train.steps=100000", "wandb.mode=disabled", f"hydra.run.dir={tmp_path}"],
-            REPO,
-            dict(server.env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            own_session=True,
-        )
+        if served._server() is server:
+            return served.popen(args, REPO, dict(server.env), stdout=log, **streams)
+        return served.ServedLaunch(server, args, REPO, dict(server.env), stdout=log, **streams)
+
+
+def test_a_killed_launch_reports_the_signal(server: served._Server, tmp_path: Path) -> None:
+    proc = _endless_run(server, tmp_path)
     try:
         assert isinstance(proc, ServedLaunch)
         assert proc.poll() is None
@@ -73,3 +77,31 @@ def test_an_environment_read_at_start_up_gets_a_new_interpreter(server: served._
     assert server.forks_alike({**same, "OMP_NUM_THREADS": "1", "LAUNCHER_X": "1"})
     for key in ("PYTHONPATH", "LD_PRELOAD", "TORCH_LOGS", "PYTORCH_JIT", "OMP_PROC_BIND", "LANG"):
         assert not server.forks_alike({**same, key: "x"}), key
+
+
+def test_a_missing_directory_raises_as_popen_does(server: served._Server) -> None:
+    with pytest.raises(FileNotFoundError):
+        served.served_run(["--help"], Path("/nonexistent/launch-cwd"), dict(server.env), 60)
+
+
+def test_a_request_over_the_socket_s_size_gets_an_interpreter_and_keeps_the_server(
+    server: served._Server,
+) -> None:
+    padding = {f"LAUNCHER_TEST_PADDING{i}": "x" * 60_000 for i in range(5)}  # exec takes it
+    env = {**server.env, **padding}  # 300 KB: over a SOCK_SEQPACKET message's limit
+    proc = served.popen(["--help"], REPO, env, stdout=subprocess.DEVNULL)
+    assert isinstance(proc, subprocess.Popen) and proc.wait(120) == 0
+    assert served._server() is server
+
+
+def test_a_dead_server_s_launch_can_still_be_killed(tmp_path: Path) -> None:
+    other = served._Server()  # its own server: the module's stays up
+    proc = _endless_run(other, tmp_path)
+    other.proc.kill()
+    other.proc.wait()
+    try:
+        with pytest.raises(RuntimeError, match="status lost"):
+            proc.wait(30)
+    finally:
+        proc.kill()  # reaches the launch though its status cannot
+    assert psutil.wait_procs([psutil.Process(proc.pid)], timeout=30)[1] == []
