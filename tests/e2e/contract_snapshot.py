@@ -2,10 +2,13 @@
 
 Each scenario runs the CLI exactly as a user would (`python -m launcher.cli`, cwd = the repo
 root): `launch plan` in one directory and, for training scenarios, `launch train` with the same
-overrides in another. The snapshot keeps what users and other code rely on: the plan's printed
-lines, plan.json, config.yaml, ds_config.json, train.sbatch, the exit codes, the run directory's
-file names, checkpoint layout, and the keys of metrics.jsonl and summary.json. It replaces what
-legitimately varies from run to run or machine to machine:
+overrides in another. This module's command line starts new interpreters; the test forks them
+from its warm server (tests/served.py), the same process without Python's start-up.
+
+The snapshot keeps what users and other code rely on: the plan's printed lines, plan.json,
+config.yaml, ds_config.json, train.sbatch, the exit codes, the run directory's file names,
+checkpoint layout, and the keys of metrics.jsonl and summary.json. It replaces what legitimately
+varies from run to run or machine to machine:
 
 - the run directory's absolute path -> <RUN>, the Python executable -> <PYTHON>, the repo
   root -> <REPO>;
@@ -159,20 +162,31 @@ def local_cpu_count() -> int:
     return os.cpu_count() or 1
 
 
-def cli_env() -> dict[str, str]:
+def cli_env(served: bool = False) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
         if key not in _ENV_DROP and not key.startswith(_ENV_DROP_PREFIXES)
     }
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    if not served:  # a fork of the tests' server imports the repo already; PYTHONPATH would
+        # differ from the server's start-up and make tests/served.py start an interpreter
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["WANDB_MODE"] = "offline"
     env["WANDB_SILENT"] = "true"
     return env
 
 
-def run_cli(args: list[str], run_dir: Path) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "launcher.cli", *args, f"hydra.run.dir={run_dir}"]
+def run_cli(
+    args: list[str], run_dir: Path, served: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`python -m launcher.cli ARGS` in the repo root; served: forked from the tests' warm server
+    (tests/served.py: the same process without an interpreter's start-up)."""
+    args = [*args, f"hydra.run.dir={run_dir}"]
+    if served:
+        from tests.served import served_run
+
+        return served_run(args, REPO, cli_env(served=True), timeout=600)
+    argv = [sys.executable, "-m", "launcher.cli", *args]
     return subprocess.run(
         argv, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600, check=False
     )
@@ -270,8 +284,9 @@ def _failure(proc: subprocess.CompletedProcess[str], norm: Normaliser) -> dict[s
     }
 
 
-def snapshot(scenario: Scenario | str, workdir: Path | str) -> dict[str, Any]:
-    """Run the scenario under `workdir` (which must be empty or absent) and return its contract."""
+def snapshot(scenario: Scenario | str, workdir: Path | str, served: bool = False) -> dict[str, Any]:
+    """Run the scenario under `workdir` (which must be empty or absent) and return its contract.
+    served: the CLI forked from the tests' warm server (the test) instead of new interpreters."""
     if isinstance(scenario, str):
         scenario = SCENARIOS[scenario]
     workdir = Path(workdir)
@@ -279,7 +294,7 @@ def snapshot(scenario: Scenario | str, workdir: Path | str) -> dict[str, Any]:
     norm = Normaliser([plan_dir, run_dir], scenario.ranks_per_node)
     overrides = list(scenario.overrides)
 
-    plan = run_cli(["plan", *overrides], plan_dir)
+    plan = run_cli(["plan", *overrides], plan_dir, served)
     out: dict[str, Any] = {
         "scenario": scenario.name,
         "plan": {
@@ -294,7 +309,7 @@ def snapshot(scenario: Scenario | str, workdir: Path | str) -> dict[str, Any]:
     if not scenario.train:
         return out
 
-    train = run_cli(["train", *overrides], run_dir)
+    train = run_cli(["train", *overrides], run_dir, served)
     stdout = norm.lines(train.stdout)
     # The plan `launch train` prints before it starts (the rest of its output is progress).
     head = next((i + 1 for i, line in enumerate(stdout) if line.startswith("run directory:")), 0)

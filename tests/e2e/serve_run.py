@@ -9,14 +9,16 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.data_sources import train_tokenizer, write_pairs
 from tests.harness import free_port
-from tests.helpers import LAUNCH, REPO, run_launch
+from tests.helpers import REPO, run_launch
 from tests.once import built_once
+from tests.served import ServedLaunch, popen
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -62,13 +64,16 @@ def shared_run(factory: pytest.TempPathFactory) -> Path:
     return built_once(factory, "serve-hf-run", build, done="run/summary.json") / "run"
 
 
-def start_serve(run: Path, log: Path, *overrides: str) -> tuple[str, subprocess.Popen[bytes]]:
+def start_serve(
+    run: Path, log: Path, *overrides: str
+) -> tuple[str, ServedLaunch | subprocess.Popen[Any]]:
     """`launch serve RUN` on a free port of 127.0.0.1, its output in `log`, once /health answers
-    200 (two minutes at most): its base URL and its process (the caller stops it)."""
+    200 (two minutes at most): its base URL and its process (the caller stops it). Forked from
+    the tests' warm server where it can be (tests/served.py), else a new interpreter."""
     port = free_port()
-    args = [*LAUNCH, "serve", str(run), f"serve.port={port}", *overrides]
+    args = ["serve", str(run), f"serve.port={port}", *overrides]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(args, cwd=REPO, env=dict(os.environ), stdout=out, stderr=out)
+        proc = popen(args, REPO, dict(os.environ), stdout=out, stderr=out)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:

@@ -74,7 +74,7 @@ def test_goldens_match_scenarios() -> None:
 @pytest.mark.parametrize("scenario", [_param(s) for s in SCENARIOS.values()])
 def test_contract_unchanged(scenario: Scenario, tmp_path: Path) -> None:
     expected = render(load_golden(scenario.name))
-    actual = render(snapshot(scenario, tmp_path))
+    actual = render(snapshot(scenario, tmp_path, served=True))
     if actual != expected:
         pytest.fail(
             f"the public contract changed in scenario {scenario.name!r} "

@@ -1,4 +1,5 @@
-"""`launch train parallel.dp=N` through torchrun: same curves as one process, clear failures."""
+"""`launch train parallel.dp=N` through torchrun: same curves as one process, one wandb run and
+every metric from two ranks, clear failures."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ import psutil
 import pytest
 
 from launcher.checkpoint.files import find_checkpoints
-from tests.helpers import FAST, max_rel_diff, rank_number, read_losses, read_metrics, run_launch
+from launcher.tracking.tracker import METRIC_KEYS
+from tests.e2e.test_wandb import CONTROL, offline_runs, read_wandb_records
+from tests.helpers import (
+    FAST,
+    max_rel_diff,
+    rank_number,
+    read_losses,
+    read_metrics,
+    read_summary,
+    run_launch,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 
@@ -17,34 +28,70 @@ pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 # tests/multiproc/test_user_model_curves.py's grid; the rank-token metrics below are read from
 # the dp=2 run either way).
 SPLITS = {"dp1_accum4": (1, 4), "dp2_accum2": (2, 2)}
+PEAK = 1e9
+# The dp=2 run is also the two-rank wandb run (offline): rank 0 alone logs, into one run with
+# its group, every key with train.peak_flops given. None of it changes the curve.
+TWO_RANKS = [
+    "wandb.mode=offline",
+    "wandb.group=points",
+    f"train.peak_flops={PEAK}",
+    "train.log_every=1",
+    "checkpoint.enabled=false",
+]
 
 
 def test_loss_curves_equal_across_ranks_and_accumulation(tmp_path: Path) -> None:
     curves = {}
     for name, (dp, accum) in SPLITS.items():
         run_dir = tmp_path / name
-        run_launch(
+        fast = FAST if dp == 1 else [a for a in FAST if not a.startswith("wandb.")] + TWO_RANKS
+        proc = run_launch(
             [
                 "train",
                 "train.steps=10",
                 "batch.global_size=16",
                 f"parallel.dp={dp}",
                 f"batch.grad_accum={accum}",
-                *FAST,
+                *fast,
             ],
             run_dir,
         )
         curves[name] = read_losses(run_dir)
         if dp == 2:
             metrics = read_metrics(run_dir)
-            assert all(m["rank_tokens_min"] <= m["rank_tokens_max"] for m in metrics)
             assert any(m["rank_tokens_min"] < m["rank_tokens_max"] for m in metrics)  # uneven ranks
             assert all(0.0 < m["padding_fraction"] < 1.0 for m in metrics)
-            assert all(m["tokens"] == m["rank_tokens_min"] + m["rank_tokens_max"] for m in metrics)
+            two_ranks_one_wandb_run(proc.stdout + proc.stderr, run_dir)
     reference = curves["dp1_accum4"]
     for name, curve in curves.items():
         assert len(curve) == 10
         assert max_rel_diff(curve, reference) < 1e-5, name
+
+
+def two_ranks_one_wandb_run(output: str, run_dir: Path) -> None:
+    assert not CONTROL.search(output)
+    assert "[rank 1]" not in output  # other ranks are silent
+    [only] = offline_runs(run_dir)  # rank 0 only
+    records = read_wandb_records(only / f"run-{only.name.rsplit('-', 1)[1]}.wandb")
+    run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert run.run_group == "points"
+
+    summary = read_summary(run_dir)
+    per_token = summary["flops_per_token"]
+    for line in read_metrics(run_dir):
+        assert set(METRIC_KEYS) <= set(line)
+        assert line["comm_wait_s"] > 0 and line["data_s"] > 0 and line["compute_s"] > 0
+        assert line["step_time_s"] == pytest.approx(
+            line["compute_s"] + line["comm_wait_s"] + line["data_s"]
+        )
+        assert line["rank_tokens_min"] <= line["rank_tokens_max"]
+        assert line["rank_tokens_min"] + line["rank_tokens_max"] == line["tokens"]
+        # MFU = FLOPs/token x positions (16 sequences of 24) / step time / (2 ranks x peak)
+        assert line["mfu"] == pytest.approx(per_token * 16 * 24 / line["step_time_s"] / (2 * PEAK))
+    assert summary["mfu"] is not None and summary["hfu"] == pytest.approx(summary["mfu"])
+    assert summary["peak_flops"] == PEAK and summary["world_size"] == 2
+    timing, ranks = ("compute_s", "comm_wait_s", "data_s"), ("rank_tokens_min", "rank_tokens_max")
+    assert all(summary[k] is not None for k in (*timing, *ranks, "padding_fraction"))
 
 
 def _leftover_workers(run_dir: Path) -> list[psutil.Process]:

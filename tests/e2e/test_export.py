@@ -1,5 +1,5 @@
 """`launch export` (issue 22): a Hugging Face GPT-2 trained under FSDP2 and ZeRO-3 at dp=2 and
-DDP (one rank), and a Llama under FSDP2 at dp=2, exported, load in a fresh process with
+DDP (one rank), and a Llama under DDP (one rank), exported, load in a fresh process with
 transformers' own AutoModelForCausalLM and AutoTokenizer and give the launcher's logits exactly;
 a `_target_` model's export rebuilds with hydra's instantiate and a strict load; bf16 is bf16 on
 disk; a second run started from an export begins at the exported model's loss; the output
@@ -31,21 +31,20 @@ ENGINES = {
     "ddp": ["engine=ddp"],
 }
 MODELS = {"llama": "tiny_llama.json", "gpt2": "tiny_gpt2.json"}
-# A dp=2 run of GPT-2 under each engine (what an engine saves is read back by that engine's
-# weight reader; GPT-2's tied embedding is the hard case for a sharded one), and the Llama under
-# FSDP2 (its names, untied head and grouped-query heads). Export reads an engine's checkpoint and
-# maps a family's names in two separate steps, so Llama under ZeRO-3 and DDP would prove those
-# steps twice; tests/e2e/test_harness.py exports FSDP2 and ZeRO-3 Llama runs and scores them
-# with lm-eval's `hf` model besides.
-# DDP's checkpoint is the plain model's, replicated: one rank saves what two would (issue 43: its
-# run is one rank in the test process, not two rank start-ups; DCP's files of several ranks are
-# read back from the FSDP2 and ZeRO-3 runs).
+# A dp=2 run of GPT-2 under each sharding engine (what an engine saves is read back by that
+# engine's weight reader; GPT-2's tied embedding is the hard case for a sharded one), and the
+# Llama on one rank (its names, untied head and grouped-query heads). Export reads an engine's
+# checkpoint and maps a family's names in two separate steps: the Llama's names need no sharded
+# run (DCP's files of several ranks are read back from the GPT-2 FSDP2 and ZeRO-3 runs;
+# tests/e2e/test_harness.py exports an FSDP2 dp=2 Llama and scores it with lm-eval's `hf` model).
+# DDP's checkpoint is the plain model's, replicated: one rank saves what two would, in the test
+# process (issue 43: no rank start-ups).
 RUNS = {
     f"{model}_{engine}": (
         MODELS[model],
         [f"parallel.dp={1 if engine == 'ddp' else 2}", *ENGINES[engine]],
     )
-    for model, engine in [("llama", "fsdp"), ("gpt2", "fsdp"), ("gpt2", "zero3"), ("gpt2", "ddp")]
+    for model, engine in [("llama", "ddp"), ("gpt2", "fsdp"), ("gpt2", "zero3"), ("gpt2", "ddp")]
 }
 TEXT = "the cat sat on a mat"
 

@@ -129,7 +129,9 @@ def test_kill_9_of_launch_leaves_no_rank_and_the_rerun_resumes(
     time.sleep(1.0)
     assert job.steps_logged() == logged  # nobody writes on
 
-    rerun = Job(args, run_dir, tmp_path / "tmp")
+    # No pause in the rerun: nothing is timed against its steps.
+    rerun_args = [a for a in args if not a.startswith("debug.step_sleep_s=")]
+    rerun = Job(rerun_args, run_dir, tmp_path / "tmp")
     jobs.append(rerun)
     assert rerun.wait() == 0, rerun.output
     assert "resuming from" in rerun.output
@@ -159,14 +161,7 @@ def test_a_second_run_into_a_running_directory_is_refused_naming_the_first(
         assert "Traceback" not in second.output
     assert (run_dir / "config.yaml").read_text() == config  # nothing of the first overwritten
     assert first.proc.poll() is None and first.steps_logged() < STEPS
-
-    first.signal_group(signal.SIGKILL)  # the kernel frees the lock with its holder
-    first.wait()
-    logged = first.steps_logged()
-    rerun = Job(args, run_dir, tmp_path / "tmp")
-    jobs.append(rerun)
-    assert rerun.wait() == 0, rerun.output
-    assert_each_step_once_after_resume(run_dir, logged)
+    # Its holder killed, the lock is the kernel's to free: the rerun after kill -9 above.
 
 
 # Item 14: after kill -9 of rank 1, `launch` blamed rank 0 ("Connection closed by peer").

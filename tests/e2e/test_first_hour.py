@@ -75,19 +75,23 @@ def test_custom_data_imports_from_the_working_directory(tmp_path: Path) -> None:
         "(ModuleNotFoundError: No module named 'first_hour_data'). Fix: run launch from the "
         f"directory that holds first_hour_data/ (now {elsewhere}"
     ), line
-    # The Fix as written: from the directory that holds the package, it runs.
-    proc = _launch_from(package.parent, ["plan", *own, f"hydra.run.dir={tmp_path / 'fixed'}"])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The Fix as written, from the directory that holds the package: the first launch above.
 
 
 def test_the_wandb_key_fix_is_printed_as_written(tmp_path: Path) -> None:
     """The secret redactor ate the placeholder of its own Fix: `export WANDB_API_KEY=REDACTED
-    key>`. A real key is still redacted (tests/e2e/test_secrets.py, test_wandb_secrets.py)."""
+    key>`. A real key is still redacted (tests/e2e/test_secrets.py, test_wandb_secrets.py).
+    Online without a key is refused at start, before anything is written (`launch plan` makes
+    the same check: prepare_run; wandb.required=false: tests/e2e/test_wandb_failures.py)."""
     no_key = {"WANDB_API_KEY": "", "HOME": str(tmp_path), "NETRC": str(tmp_path / "netrc")}
-    proc = run_launch(["plan", "wandb.mode=online"], tmp_path / "run", env=no_key, check=False)
-    assert proc.returncode == 2
+    run_dir = tmp_path / "run"
+    proc = run_launch(["train", "wandb.mode=online"], run_dir, env=no_key, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: wandb.mode, wandb.required: "), proc.stderr
     assert "Fix: export WANDB_API_KEY=<your key> or run `wandb login`;" in proc.stderr
+    assert "wandb.required=false" in proc.stderr and "Traceback" not in proc.stderr
     assert "REDACTED" not in proc.stderr
+    assert not run_dir.exists()  # no config.yaml, metrics or wandb files
 
 
 def _readme_commands() -> list[str]:

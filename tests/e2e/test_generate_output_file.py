@@ -10,6 +10,7 @@ import os
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,8 +18,9 @@ import pytest
 
 from launcher.userpath import TEMP_INFIX, new_file_mode
 from tests.e2e.serve_run import shared_run
-from tests.helpers import LAUNCH, REPO, run_launch
+from tests.helpers import REPO, run_launch
 from tests.planted import Planted
+from tests.served import popen, read_output
 
 pytestmark = pytest.mark.e2e
 
@@ -115,22 +117,20 @@ def test_a_kill_mid_write_leaves_the_old_file_intact(run: Path, tmp_path: Path) 
     out = tmp_path / "answers.jsonl"
     out.write_text("old\n")
     planted = Planted(out, tmp_path / "elsewhere", as_link=True)
-    proc = subprocess.Popen(
-        [*LAUNCH, "generate", str(run), str(prompts), "--output", str(out), "serve.slots=1"],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while not [p for p in tmp_path.iterdir() if TEMP_INFIX in p.name]:
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
+    args = ["generate", str(run), str(prompts), "--output", str(out), "serve.slots=1"]
+    # stderr to a file (outside tmp_path, which Planted watches), not a pipe: the launch can be
+    # forked (tests/served.py).
+    with tempfile.TemporaryFile() as err:
+        proc = popen(args, REPO, dict(os.environ), stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.monotonic() + 240
+            while not [p for p in tmp_path.iterdir() if TEMP_INFIX in p.name]:
+                assert proc.poll() is None, read_output(err)
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(60)
     assert proc.returncode == -signal.SIGKILL
     assert out.read_text() == "old\n"
     [left] = [p for p in tmp_path.iterdir() if TEMP_INFIX in p.name]
@@ -142,18 +142,23 @@ def test_stdout_full_or_closed_is_one_line_not_a_traceback(run: Path, tmp_path: 
     """Without --output: a full disk behind `>` (here /dev/full) and a reader that went away
     (`| head -1`) were tracebacks (OSError, BrokenPipeError)."""
     prompts = _prompts(tmp_path / "p.jsonl")
-    command = [*LAUNCH, "generate", str(run), str(prompts)]
-    with open("/dev/full", "w") as full:
-        proc = subprocess.run(
-            command, cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True, timeout=240
-        )
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "error: stdout: cannot write the output to stdout (No space left" in proc.stderr
-    closed = subprocess.Popen(
-        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    assert closed.stdout is not None
-    closed.stdout.close()  # before the first line is written
-    _, err = closed.communicate(timeout=240)
-    assert closed.returncode == 1 and "Traceback" not in err and "Exception" not in err, err
-    assert "error: stdout was closed before every line was written." in err
+    args = ["generate", str(run), str(prompts)]
+    # stderr to a file, the closed reader a pipe of our own: the launches can be forked
+    # (tests/served.py refuses a stream asked for as subprocess.PIPE).
+    with open("/dev/full", "wb") as full, tempfile.TemporaryFile() as err:
+        proc = popen(args, REPO, dict(os.environ), stdout=full, stderr=err)
+        code = proc.wait(240)
+        stderr = read_output(err)
+    assert code == 2 and "Traceback" not in stderr, stderr
+    assert "error: stdout: cannot write the output to stdout (No space left" in stderr
+    reader, writer = os.pipe()
+    os.close(reader)  # before the first line is written
+    try:
+        with tempfile.TemporaryFile() as err:
+            closed = popen(args, REPO, dict(os.environ), stdout=writer, stderr=err)
+            code = closed.wait(240)
+            stderr = read_output(err)
+    finally:
+        os.close(writer)
+    assert code == 1 and "Traceback" not in stderr and "Exception" not in stderr, stderr
+    assert "error: stdout was closed before every line was written." in stderr

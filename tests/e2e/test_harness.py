@@ -1,14 +1,18 @@
 """`launch eval` and evaluation during training (issue 36): lm-eval's own evaluator on a run's
-checkpoint through the launcher's weight reader and serving engine scores an FSDP2 and a ZeRO-3
-checkpoint (dp=2) as lm-eval's `hf` model scores the export of the same checkpoint (per-sample
+checkpoint through the launcher's weight reader and serving engine scores an FSDP2 checkpoint
+(dp=2) as lm-eval's `hf` model scores the export of the same checkpoint (per-sample
 log-likelihoods within 1e-4, the same generations and scores); a run with eval.harness.every logs
 the scores at the right steps (metrics.jsonl, eval/step_N.json, tensorboard); a failing task
 leaves a failure record at its step and training ends normally. The tasks are
-tests/e2e/test_lm_eval.py's (local jsonl, no network)."""
+tests/e2e/test_lm_eval.py's (local jsonl, no network).
+
+ZeRO-3's checkpoint read as one model is tests/e2e/test_generate_cli.py's and test_export.py's
+(gpt2_zero3); `launch eval` reads every engine's checkpoint through that same reader."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +34,11 @@ TRAIN = [
     *MODEL,
     f"train.steps={STEPS}",
     "batch.global_size=4",
-    "parallel.dp=2",
     "checkpoint.every=2",
     "checkpoint.keep=1",  # the pending evaluation keeps its checkpoint from the pruning
     "wandb.mode=disabled",
     "eval.harness.log_samples=true",
 ]
-ENGINES = {"fsdp": ["engine=fsdp"], "zero3": ["engine=deepspeed", "engine.zero_stage=3"]}
 
 
 def _write_broken(root: Path) -> None:
@@ -50,52 +52,61 @@ def _write_broken(root: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """FSDP2 evaluating its checkpoints while it trains (tensorboard too); ZeRO-3 with a task
-    that fails at its last step, then `launch eval` on that checkpoint with the good tasks."""
-    root = tmp_path_factory.mktemp("harness")
-    tasks = _write_tasks(root)
+def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tasks' directory (the broken one's too)."""
+    root = tmp_path_factory.mktemp("tasks")
     _write_broken(root)
+    return _write_tasks(root)
+
+
+@pytest.fixture(scope="module")
+def common(tasks: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The training arguments both runs share."""
+    root = tmp_path_factory.mktemp("harness")
     tok = train_tokenizer(root / "tok")
     texts = write_texts(root / "texts.jsonl", 200)
     data = ["data=hf", f"data.path={texts}", f"data.tokenizer={tok}", f"data.cache_dir={root}/c"]
-    common = [*TRAIN, *data, f"eval.harness.include_path={tasks}"]
-    fsdp, zero3 = root / "fsdp", root / "zero3"
+    return [*TRAIN, *data, f"eval.harness.include_path={tasks}"]
+
+
+@pytest.fixture(scope="module")
+def fsdp(common: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """FSDP2 at dp=2 evaluating its checkpoints while it trains (tensorboard too), exported."""
+    fsdp = tmp_path_factory.mktemp("fsdp") / "run"
     run_launch(
         [
             *common,
-            *ENGINES["fsdp"],
+            "parallel.dp=2",
+            "engine=fsdp",
             f"eval.harness.every={EVERY}",
             f"eval.harness.tasks=[{MC},{GEN}]",
             "tracking.backends=[tensorboard]",
         ],
         fsdp,
     )
-    # The last step's checkpoint only (issue 43): each evaluation is a `launch eval` process of
-    # its own (torch, transformers and lm-eval imported: the dearest thing this module starts),
-    # and the FSDP2 run shows every chosen step evaluated; this one shows a failure recorded.
-    run_launch(
-        [
-            *common,
-            *ENGINES["zero3"],
-            f"eval.harness.every={STEPS}",
-            f"eval.harness.tasks=[{MC},{BROKEN}]",
-        ],
-        zero3,
-    )
-    for run in (fsdp, zero3):
-        run_launch(["export", str(run)])
-    return {"fsdp": fsdp, "zero3": zero3, "tasks": tasks}
+    run_launch(["export", str(fsdp)])
+    return fsdp
+
+
+@pytest.fixture(scope="module")
+def failing(common: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One rank, the default engine, its last step's checkpoint evaluated on the broken task
+    alone: recording a failure is the same for every engine (launcher/worker/run.py: rank 0's
+    Evaluations after each checkpoint), and each evaluation is a `launch eval` process of its
+    own (torch, transformers and lm-eval imported: the dearest thing this module starts)."""
+    run = tmp_path_factory.mktemp("failing") / "run"
+    run_launch([*common, f"eval.harness.every={STEPS}", f"eval.harness.tasks=[{BROKEN}]"], run)
+    return run
 
 
 def _harness_lines(run: Path) -> list[dict[str, Any]]:
     return [m for m in read_metrics(run) if any(k.startswith("harness") for k in m)]
 
 
-def test_training_logs_the_scores_of_its_checkpoints_at_their_steps(runs: dict[str, Path]) -> None:
+def test_training_logs_the_scores_of_its_checkpoints_at_their_steps(fsdp: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run = runs["fsdp"]
+    run = fsdp
     lines = _harness_lines(run)
     assert sorted(m["step"] for m in lines) == [2, 4], lines  # they may end in any order
     for line in sorted(lines, key=lambda m: m["step"]):
@@ -110,8 +121,8 @@ def test_training_logs_the_scores_of_its_checkpoints_at_their_steps(runs: dict[s
     assert json.loads((run / "summary.json").read_text())["steps"] == STEPS
 
 
-def test_a_failing_task_is_recorded_and_training_goes_on(runs: dict[str, Path]) -> None:
-    run = runs["zero3"]
+def test_a_failing_task_is_recorded_and_training_goes_on(failing: Path) -> None:
+    run = failing
     assert json.loads((run / "summary.json").read_text())["steps"] == STEPS
     lines = _harness_lines(run)
     failed = [m for m in lines if "harness_error" in m]
@@ -119,15 +130,16 @@ def test_a_failing_task_is_recorded_and_training_goes_on(runs: dict[str, Path]) 
     assert all(BROKEN in m["harness_error"] or "missing" in m["harness_error"] for m in failed)
 
 
-@pytest.mark.parametrize("engine", list(ENGINES))
 def test_launch_eval_scores_as_lm_evals_hf_model_on_the_export(
-    engine: str, runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    fsdp: Path, tasks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    run = runs[engine]
-    if engine == "zero3":  # its own evaluations failed (the broken task): `launch eval` now
-        run_launch(["eval", str(run), f"eval.harness.tasks=[{MC},{GEN}]"])
+    # `launch eval` as a user types it, on a copy: its metrics.jsonl line would be a third one in
+    # the run the test above reads; without the copy's eval/, the record read is this command's.
+    run = tmp_path / "run"
+    shutil.copytree(fsdp, run, ignore=shutil.ignore_patterns("eval"))
+    run_launch(["eval", str(run), f"eval.harness.tasks=[{MC},{GEN}]"])
     record = json.loads((run / "eval" / f"step_{STEPS}.json").read_text())
     assert "error" not in record, record
     hf = _evaluate(
@@ -138,7 +150,7 @@ def test_launch_eval_scores_as_lm_evals_hf_model_on_the_export(
             "dtype": "float32",
             "max_length": LENGTH,
         },
-        runs["tasks"],
+        tasks,
     )
     ours, theirs = record["samples"][MC], _per_sample(hf, MC)
     assert len(ours) == len(theirs) == DOCS

@@ -1,6 +1,6 @@
 """Credentials in the environment, or typed into the config, reach no file under the run directory
 (config.yaml, plan.json, Hydra's copies, metrics, summary, checkpoints, wandb's offline files) and
-no log line."""
+no log line; and a plain offline run prints the launcher's lines only (issue 17, item 5)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,13 @@ def test_no_file_under_the_run_directory_holds_a_secret(tmp_path: Path) -> None:
     for secret in (WANDB_KEY, SERVICE_TOKEN, TYPED_TOKEN):
         assert files_containing(run_dir, secret) == [], secret
         assert secret not in proc.stdout + proc.stderr
+    # Issue 17, item 5, with wandb's console on as a user's is (the key and the setup line change
+    # nothing wandb prints): none of wandb's lines, the launcher's one at the start and one at
+    # the end, and the recompute policy said once (the plan's "recompute: none").
+    out = proc.stdout + proc.stderr
+    assert not [line for line in out.splitlines() if line.startswith("wandb:")], out
+    assert len([line for line in out.splitlines() if line.startswith("wandb run ")]) == 2, out
+    assert "recompute: ac=none" not in out
 
 
 def test_a_sweep_leaves_no_credential_in_hydra_files_or_the_summary(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ points."""
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 import signal
 import subprocess
@@ -15,7 +16,8 @@ import pytest
 import yaml
 
 from launcher.exit_codes import STOPPED_RESUMABLE
-from tests.helpers import FAST, LAUNCH, REPO, read_losses, run_launch
+from tests.helpers import FAST, REPO, read_losses, run_launch
+from tests.served import popen
 
 pytestmark = pytest.mark.e2e
 
@@ -213,23 +215,25 @@ def test_a_crashing_in_process_point_does_not_stop_the_sweep(tmp_path: Path) -> 
 
 
 def test_a_stop_signal_stops_the_whole_sweep_resumably(tmp_path: Path) -> None:
-    sweep_dir = tmp_path / "sweep"
-    argv = [*LAUNCH, "train", "-m", "batch.grad_accum=1,2", "batch.global_size=8", *FAST]
-    argv += ["train.steps=500", f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.Popen(
-        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    sweep_dir, log_path = tmp_path / "sweep", tmp_path / "launch.log"
+    args = ["train", "-m", "batch.grad_accum=1,2", "batch.global_size=8", *FAST]
+    args += ["train.steps=500", f"hydra.sweep.dir={sweep_dir}"]
     metrics = sweep_dir / "0" / "metrics.jsonl"
-    try:
-        for _ in range(1200):  # wait (at most 2 minutes) for the first point's first step
-            if (metrics.is_file() and metrics.read_text().strip()) or proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # The output is read once it has ended: a file, so the launch can be forked (tests/served.py).
+    with open(log_path, "wb") as log:
+        proc = popen(args, REPO, dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            for _ in range(1200):  # wait (at most 2 minutes) for the first point's first step
+                if (metrics.is_file() and metrics.read_text().strip()) or proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    output = log_path.read_text(errors="replace")
     assert proc.returncode == STOPPED_RESUMABLE, output
     assert not (sweep_dir / "1").exists()  # the next point never started
     assert "hydra.sweep.dir=" in output  # how to resume

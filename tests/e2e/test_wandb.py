@@ -1,5 +1,6 @@
 """wandb through the `launch` command, offline: its files hold metrics.jsonl's numbers, a resumed
-run continues the same wandb run, only rank 0 logs, and console output to a pipe is plain lines."""
+run continues the same wandb run, and console output to a pipe is plain lines. (Two ranks, one
+wandb run from rank 0: tests/e2e/test_data_parallel.py's dp=2 run.)"""
 
 from __future__ import annotations
 
@@ -127,69 +128,5 @@ def test_offline_run_holds_the_metrics_and_a_resumed_run_continues_it(tmp_path: 
     assert len(history) == len(metrics)
     for line, row in zip(metrics, history, strict=True):
         assert {k: row[k] for k in line} == line  # the same numbers as metrics.jsonl
-
-    # Started over in the same directory: step 1 again, so a new wandb run (issue 33, item 6:
-    # the old id was kept and the new run logged into the old one).
-    fresh = ["train.resume=never", "checkpoint.overwrite=true", "train.steps=2"]
-    proc = run_launch([*args, *fresh], run_dir)
-    new_id = (run_dir / "wandb" / "run_id.txt").read_text().strip()
-    assert new_id != run_id and f"wandb run {new_id} (offline)" in proc.stdout
-    assert read_summary(run_dir)["wandb_run_id"] == new_id
-    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2]
-    [new_run] = [r for r in offline_runs(run_dir) if not r.name.endswith(f"-{run_id}")]
-    assert new_run.name.endswith(f"-{new_id}")
-    rows = wandb_history(read_wandb_records(new_run / f"run-{new_id}.wandb"))
-    assert [row["step"] for row in rows] == [1, 2]
-    assert len(offline_runs(run_dir)) == 3  # the earlier run's files stay
-
-
-@pytest.mark.multiproc
-def test_two_ranks_one_wandb_run_and_every_key(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    peak = 1e9
-    proc = run_launch(
-        [
-            "train",
-            *SMALL,
-            "parallel.dp=2",
-            "train.steps=3",
-            "train.log_every=1",
-            "checkpoint.enabled=false",
-            "wandb.mode=offline",
-            "wandb.group=points",
-            f"train.peak_flops={peak}",
-        ],
-        run_dir,
-    )
-    assert not CONTROL.search(proc.stdout + proc.stderr)
-    assert "[rank 1]" not in proc.stdout + proc.stderr  # other ranks are silent
-    [only] = offline_runs(run_dir)  # rank 0 only
-    records = read_wandb_records(only / f"run-{only.name.rsplit('-', 1)[1]}.wandb")
-    run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
-    assert run.run_group == "points"
-
-    summary = read_summary(run_dir)
-    per_token = summary["flops_per_token"]
-    metrics = read_metrics(run_dir)
-    assert len(metrics) == 3
-    for line in metrics:
-        assert set(METRIC_KEYS) <= set(line)
-        assert line["comm_wait_s"] > 0 and line["data_s"] > 0 and line["compute_s"] > 0
-        assert line["step_time_s"] == pytest.approx(
-            line["compute_s"] + line["comm_wait_s"] + line["data_s"]
-        )
-        assert line["rank_tokens_min"] <= line["rank_tokens_max"]
-        assert line["rank_tokens_min"] + line["rank_tokens_max"] == line["tokens"]
-        # train.peak_flops given: MFU = FLOPs/token x positions / step time / (2 ranks x peak)
-        assert line["mfu"] == pytest.approx(per_token * 8 * 24 / line["step_time_s"] / (2 * peak))
-    assert summary["mfu"] is not None and summary["hfu"] == pytest.approx(summary["mfu"])
-    assert summary["peak_flops"] == peak and summary["world_size"] == 2
-    for key in (
-        "compute_s",
-        "comm_wait_s",
-        "data_s",
-        "padding_fraction",
-        "rank_tokens_min",
-        "rank_tokens_max",
-    ):
-        assert summary[key] is not None
+    # Started over (train.resume=never) is a new wandb run: start_fresh forgets the run id
+    # (tests/unit/test_checkpoint.py), and test_bad_day starts a run over through `launch`.

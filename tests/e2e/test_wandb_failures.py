@@ -45,14 +45,9 @@ def assert_nothing_started(run_dir: Path) -> None:
     assert not (run_dir / "wandb").exists()
 
 
-def test_online_without_a_key_fails_at_start(tmp_path: Path, no_key: dict[str, str]) -> None:
-    run_dir = tmp_path / "run"
-    proc = run_launch(["train", *SMALL, "wandb.mode=online"], run_dir, env=no_key, check=False)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 2, output
-    assert "wandb.mode" in output and "WANDB_API_KEY" in output and "wandb.required=false" in output
-    assert "Traceback" not in output
-    assert_nothing_started(run_dir)
+# Online without a key and wandb.required=true (the default): refused at start, nothing written,
+# in tests/e2e/test_first_hour.py (its Fix printed as written) and
+# tests/unit/test_tracking_wandb.py.
 
 
 def test_online_without_a_key_warns_and_trains(tmp_path: Path, no_key: dict[str, str]) -> None:

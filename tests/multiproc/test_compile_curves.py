@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from launcher.config.root import RootConfig
 from launcher.distributed import DistContext
 from launcher.worker.compile import compile_seconds
 from tests.harness import build_trainer, free_port, join_group, make_config, record_losses
 from tests.helpers import max_rel_diff
+from tests.spawned import rank_group
 
 pytestmark = pytest.mark.multiproc
 
@@ -102,20 +102,18 @@ def _group(rank: int, port: int, out: str) -> None:
 def curves(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("compile")
     failure = None
-    ranks = mp.start_processes(_group, args=(free_port(), str(out)), nprocs=2, join=False)
     deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not ranks.join(timeout=5):
-            if time.monotonic() > deadline:  # a hung rank fails the rows, never the suite
-                stacks = [p.read_text()[-3000:] for p in sorted(out.glob("stacks_rank*.txt"))]
-                failure = f"the ranks did not finish within {DEADLINE_S} s:\n" + "\n".join(stacks)
-                break
-    except Exception as exc:  # the failing row says why
-        failure = repr(exc)
-    finally:
-        for process in ranks.processes:
-            if process.is_alive():
-                process.terminate()
+    with rank_group(_group, (free_port(), str(out)), 2) as ranks:  # ends any rank still alive
+        try:
+            while not ranks.join(timeout=5):
+                if time.monotonic() > deadline:  # a hung rank fails the rows, never the suite
+                    stacks = [p.read_text()[-3000:] for p in sorted(out.glob("stacks_rank*.txt"))]
+                    failure = f"the ranks did not finish within {DEADLINE_S} s:\n" + "\n".join(
+                        stacks
+                    )
+                    break
+        except Exception as exc:  # the failing row says why
+            failure = repr(exc)
     path = out / "compile_curves.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     results["failure"] = failure

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from launcher.data import build_dataset
@@ -30,6 +29,7 @@ from tests.harness import (
     record_gradients,
     relative_error,
 )
+from tests.spawned import run_ranks
 
 pytestmark = pytest.mark.multiproc
 WORLD = 2
@@ -60,7 +60,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str | None]:
     """The directory the group wrote to, and why it failed (None when every work ran)."""
     out = tmp_path_factory.mktemp("dp_exact")
     try:
-        mp.spawn(_group, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+        run_ranks(_group, (free_port(), str(out)), WORLD)
     except Exception as exc:  # the test whose file is missing says why
         return out, repr(exc)
     return out, None

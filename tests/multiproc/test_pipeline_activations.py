@@ -3,7 +3,7 @@ meters the bytes autograd saves over a step of its schedule (launcher/parallel/p
 and summary.json sets the peak beside plan.json's figure for that rank. One launch per schedule,
 on a 3-block model whose default split is unequal (balanced by the plan), also token-exact
 against one process, with the plan's bubble beside each rank's measured idle share. And three
-virtual stages per rank through the interleaved schedule."""
+virtual stages per rank through the interleaved schedule, its validation loss included."""
 
 from __future__ import annotations
 
@@ -69,9 +69,11 @@ def test_each_rank_holds_the_activations_its_plan_says(
 
 def test_three_virtual_stages_per_rank_equal_one_process(tmp_path: Path) -> None:
     """parallel.pp_stages_per_rank=3: six one-block stages, 0, 2, 4 on rank 0 and 1, 3, 5 on
-    rank 1, through the interleaved schedule; one process's numbers, and the plan's interleaved
+    rank 1, through the interleaved schedule; one process's numbers, the held-out loss (after
+    step 2 and the last) forward-only through the same schedule too, and the plan's interleaved
     figure an upper bound of what each rank holds."""
     six = [*(o for o in THREE if not o.startswith("model.n_layer")), "model.n_layer=6"]
+    six += ["eval.every=2"]
     run_launch(six, tmp_path / "one")
     interleaved = ["parallel.pp_schedule=interleaved_1f1b", "parallel.pp_stages_per_rank=3"]
     run_launch([*six, "parallel.pp=2", "batch.grad_accum=2", *interleaved], tmp_path / "pp")
@@ -84,3 +86,7 @@ def test_three_virtual_stages_per_rank_equal_one_process(tmp_path: Path) -> None
     assert [m["tokens"] for m in ours] == [m["tokens"] for m in theirs]
     for key in ("loss", "grad_norm"):
         assert max_rel_diff([m[key] for m in ours], [m[key] for m in theirs]) < 1e-5
+    val = {m["step"]: m["val_loss"] for m in ours if m.get("val_loss")}
+    expected = {m["step"]: m["val_loss"] for m in theirs if m.get("val_loss")}
+    assert sorted(val) == sorted(expected) == [2, 3]
+    assert max_rel_diff([val[2], val[3]], [expected[2], expected[3]]) < 1e-5

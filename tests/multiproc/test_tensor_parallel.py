@@ -1,21 +1,18 @@
 """`launch train parallel.tp=2` (and dp=2 x tp=2) on real gloo ranks: the loss, the gradient norm
 and the token count of every step equal one process's on the same global batches; counting
 tokens per world rank instead of per data-parallel rank (the negative control) is caught. The tp
-run's checkpoint exports, generates and serves as one process's does."""
+run's checkpoint exports and generates as one process's does, and resumes on dp=2 without tp."""
 
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.e2e.serve_run import start_serve
 from tests.helpers import FAST, max_rel_diff, read_metrics, read_summary, run_launch
 from tests.multiproc.one_process import (
     COMMON,
@@ -23,6 +20,7 @@ from tests.multiproc.one_process import (
     assert_equal_steps,
     curves,
     one_process_reference,
+    reference_export,
 )
 from tests.once import built_once
 
@@ -39,61 +37,40 @@ def one_process(one_process_run: Path) -> list[dict[str, Any]]:
     return read_metrics(one_process_run)
 
 
-def _exported(run_dir: Path, out: Path) -> dict[str, torch.Tensor]:
-    run_launch(["export", str(run_dir), "--output", str(out)])
+def _exported(run: Path, out: Path) -> dict[str, torch.Tensor]:
+    run_launch(["export", str(run), "--output", str(out)])
     return load_file(out / "model.safetensors")
 
 
-def _assert_same_export(run_dir: Path, reference: Path, tmp_path: Path) -> None:
+def _assert_same_export(run_dir: Path, reference: dict[str, torch.Tensor], out: Path) -> None:
     """The export of a tp run: whole tensors, one process's names, shapes and weights."""
-    ours = _exported(run_dir, tmp_path / "ours")
-    theirs = _exported(reference, tmp_path / "theirs")
-    assert sorted(ours) == sorted(theirs)
-    assert all(ours[k].shape == theirs[k].shape for k in theirs)
-    assert max(float((ours[k] - theirs[k]).abs().max()) for k in theirs) < 1e-5
+    ours = _exported(run_dir, out)
+    assert sorted(ours) == sorted(reference)
+    assert all(ours[k].shape == reference[k].shape for k in reference)
+    assert max(float((ours[k] - reference[k]).abs().max()) for k in reference) < 1e-5
 
 
-def test_tp2_equals_one_process(
-    tmp_path: Path, one_process: list[dict[str, Any]], one_process_run: Path
-) -> None:
-    run_dir = tmp_path / "run"
-    run_launch([*COMMON, "parallel.tp=2"], run_dir)
-    assert_equal_steps(run_dir, one_process)
-    summary = read_summary(run_dir)
-    assert (summary["world_size"], summary["dp"], summary["tp"]) == (2, 1, 2)
-    # The export of the tp run: whole tensors, one process's names, shapes and weights.
-    _assert_same_export(run_dir, one_process_run, tmp_path)
-    _generates_and_serves_as_one_process(run_dir, one_process_run, tmp_path)
-
-
-def _generates_and_serves_as_one_process(run_dir: Path, reference: Path, tmp_path: Path) -> None:
-    """`launch generate` and `launch serve` read the tp run's DCP checkpoint (DTensors) into one
-    process's model: greedy answers are the one-process run's."""
+def _generates_as_one_process(run: Path, reference: Path, tmp_path: Path) -> None:
+    """`launch generate` reads the tp run's DCP checkpoint (DTensors) into one process's model:
+    greedy answers are the one-process run's. (`launch serve` loads it the same way:
+    tests/e2e/test_openai_api.py serves a DCP checkpoint.)"""
     prompts = tmp_path / "prompts.jsonl"
     records = [{"prompt": "abc|", "max_new_tokens": 6}, {"prompt": "hello|", "max_new_tokens": 4}]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
-    ours = run_launch(["generate", str(run_dir), str(prompts)]).stdout
+    ours = run_launch(["generate", str(run), str(prompts)]).stdout
     assert ours == run_launch(["generate", str(reference), str(prompts)]).stdout
-    first = json.loads(ours.splitlines()[0])["completion"]
-    assert first, ours  # the model answered something to compare
-    base, server = start_serve(run_dir, tmp_path / "serve.log")
-    try:
-        body = {"model": run_dir.name, "prompt": "abc|", "max_tokens": 6, "temperature": 0}
-        answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
-    finally:
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(timeout=60) == 0
-    assert answer["choices"][0]["text"] == first, answer
+    assert json.loads(ours.splitlines()[0])["completion"], ours  # it answered something
 
 
 @pytest.mark.parametrize(
     "extra",
     [
-        ["engine=fsdp"],  # FSDP2 over the dp dimension, sequence-parallel norms
+        # FSDP2 with sequence parallelism: test_launch_verify_certifies_dp2_tp2, the dp2 x tp2 x pp2
+        # run and test_user_tp_plan.py's dp2 x tp2 run
         ["engine=ddp", "parallel.sequence_parallel=false"],  # replicas summed over dp
         ["engine=fsdp", "parallel.replicate=2"],  # HSDP: (dp_replicate, dp_shard, tp)
     ],
-    ids=["fsdp_sp", "ddp_no_sp", "hsdp"],
+    ids=["ddp_no_sp", "hsdp"],
 )
 def test_dp2_tp2_accumulation_and_recompute_equal_one_process(
     tmp_path: Path, one_process: list[dict[str, Any]], extra: list[str]
@@ -117,9 +94,8 @@ def test_tp2_compiled_equals_one_process(tmp_path: Path, one_process: list[dict[
 def test_counting_tokens_per_world_rank_is_caught(
     tmp_path: Path, one_process: list[dict[str, Any]]
 ) -> None:
-    """The negative control: every rank of a tp group adds its (shared) tokens."""
-    broken = ["parallel.dp=2", "parallel.tp=2", "debug.broken_tp_count=true"]
-    run_launch([*COMMON, *broken], tmp_path)
+    """The negative control: both ranks of the tp pair add their (shared) tokens."""
+    run_launch([*COMMON, "parallel.tp=2", "debug.broken_tp_count=true"], tmp_path)
     ours, theirs = curves(read_metrics(tmp_path)), curves(one_process)
     assert ours["tokens"] == [2 * t for t in theirs["tokens"]]
     assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) > 0.1
@@ -128,19 +104,30 @@ def test_counting_tokens_per_world_rank_is_caught(
 
 
 def test_a_tp2_checkpoint_resumes_on_dp2_without_tp(
-    tmp_path: Path, one_process: list[dict[str, Any]]
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    one_process: list[dict[str, Any]],
+    one_process_run: Path,
 ) -> None:
-    """DCP with DTensors reshards: stopped after step 4 at tp=2, steps 5-8 at dp=2 are one
-    process's."""
-    # Saved asynchronously (DCP's async save of the DTensors), then read on another layout.
-    run_launch([*COMMON, "parallel.tp=2", "train.steps=4", "checkpoint.async=true"], tmp_path)
-    proc = run_launch([*COMMON, "parallel.dp=2"], tmp_path)
+    """tp=2 for 4 steps: one process's steps, and its checkpoint (DCP's async save of the
+    DTensors) exports and generates as one process's step-4 checkpoint. DCP reshards: steps 5-8
+    at dp=2 are one process's."""
+    run_dir = tmp_path / "run"
+    run_launch([*COMMON, "parallel.tp=2", "train.steps=4", "checkpoint.async=true"], run_dir)
+    summary = read_summary(run_dir)
+    assert (summary["world_size"], summary["dp"], summary["tp"]) == (2, 1, 2)
+    reference = load_file(reference_export(tmp_path_factory, 4) / "model.safetensors")
+    _assert_same_export(run_dir, reference, tmp_path / "export")
+    _generates_as_one_process(run_dir, one_process_run / "checkpoints" / "step_4", tmp_path)
+    proc = run_launch([*COMMON, "parallel.dp=2"], run_dir)
     assert "resuming from" in proc.stdout + proc.stderr
-    assert_equal_steps(tmp_path, one_process, first=4)
+    # Steps 1-4 too: all 8 lie in the 20-step warm-up, so train.steps=4 had the same rates.
+    assert_equal_steps(run_dir, one_process)
 
 
 def test_launch_verify_certifies_dp2_tp2(tmp_path: Path) -> None:
-    args = ["verify", *FAST, "batch.global_size=8", "parallel.dp=2", "parallel.tp=2"]
+    split = ["parallel.dp=2", "parallel.tp=2", "verify.steps=2"]
+    args = ["verify", *FAST, "batch.global_size=8", *split]
     proc = run_launch([*args, "engine=fsdp", "batch.grad_accum=2"], tmp_path)
     certificate = json.loads((tmp_path / "verify.json").read_text())
     assert certificate["certified"], proc.stdout
@@ -164,25 +151,23 @@ def llama_one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built_once(tmp_path_factory, "tp-llama-one-process", lambda p: run_launch(LLAMA, p))
 
 
-def test_hf_llama_dp2_tp2_equals_one_process_and_exports_its_weights(
+def test_hf_llama_dp2_tp2_equals_one_process_exports_its_weights_and_resumes_on_dp2(
     tmp_path: Path, llama_one_process: Path
 ) -> None:
     """A Hugging Face Llama (tiny, from a config) through its family's base_model_tp_plan; its
-    export has one process's tensor names, shapes and weights (transformers' own names)."""
+    export has one process's tensor names, shapes and weights (transformers' own names); its
+    step-4 checkpoint resumes on dp=2 without tp (and on ddp) and steps 5-8 are one process's."""
+    split_dir, resumed = tmp_path / "split", tmp_path / "resumed"
     split = ["parallel.dp=2", "parallel.tp=2", "engine=fsdp", "batch.grad_accum=2"]
-    run_launch([*LLAMA, *split], tmp_path / "split")
-    assert_equal_steps(tmp_path / "split", read_metrics(llama_one_process))
-    _assert_same_export(tmp_path / "split", llama_one_process, tmp_path)
-
-
-def test_a_hf_llama_tp2_checkpoint_resumes_on_dp2_without_tp(
-    tmp_path: Path, llama_one_process: Path
-) -> None:
-    """Stopped after step 4 at tp=2; steps 5-8 at dp=2 are one process's."""
-    run_launch([*LLAMA, "parallel.tp=2", "train.steps=4"], tmp_path)
-    proc = run_launch([*LLAMA, "parallel.dp=2"], tmp_path)
+    run_launch([*LLAMA, *split, "checkpoint.every=4"], split_dir)
+    reference = read_metrics(llama_one_process)
+    assert_equal_steps(split_dir, reference)
+    theirs = _exported(llama_one_process, tmp_path / "theirs")
+    _assert_same_export(split_dir, theirs, tmp_path / "ours")
+    step_4 = split_dir / "checkpoints" / "step_4"
+    proc = run_launch([*LLAMA, "parallel.dp=2", f"train.resume={step_4}"], resumed)
     assert "resuming from" in proc.stdout + proc.stderr
-    assert_equal_steps(tmp_path, read_metrics(llama_one_process), first=4)
+    assert_equal_steps(resumed, reference, first=4)
 
 
 def test_a_family_without_a_plan_is_refused_before_launch(tmp_path: Path) -> None:

@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from launcher.config import to_root_config
 from launcher.config.root import RootConfig
@@ -34,6 +33,7 @@ from launcher.tracking.metrics import StepMetrics
 from launcher.training.loss import per_micro_batch_mean, token_exact_loss
 from tests.harness import build_trainer, free_port, join_group
 from tests.helpers import max_rel_diff
+from tests.spawned import run_ranks
 
 pytestmark = pytest.mark.multiproc
 
@@ -140,7 +140,7 @@ def _curve(ctx: DistContext, case: Case, out: Path) -> dict[str, list[float | No
 
 def _group(rank: int, port: int, world: int, cases: list[dict[str, Any]], out: str) -> None:
     """Every case of one world size, in turn, on one gloo group. Rank 0 writes each curve as it
-    comes; a case that raises is recorded and then ends the group (mp.spawn stops the others,
+    comes; a case that raises is recorded and then ends the group (run_ranks stops the others,
     so a rank that failed alone cannot leave its peer waiting in a collective)."""
     ctx = join_group(rank, world, port)
     results: dict[str, Any] = {}
@@ -169,7 +169,7 @@ def curves(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for world in (1, 2):
         cases = [asdict(c) for c in ALL if c.dp == world and c.missing() is None]
         try:
-            mp.spawn(_group, args=(free_port(), world, cases, str(out)), nprocs=world, join=True)
+            run_ranks(_group, (free_port(), world, cases, str(out)), world)
         except Exception as exc:  # the failing case says why; later cases did not run
             results[f"world{world}"] = repr(exc)
         path = out / f"curves_world{world}.json"

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from launcher.config import to_root_config
 from launcher.config.root import RootConfig
@@ -24,6 +23,7 @@ from launcher.verify.rank import run_verify_rank, verify_rank
 from launcher.verify.results import read_result
 from launcher.verify.settings import TOLERANCES, reference_config, split_config
 from tests.harness import free_port, join_group
+from tests.spawned import run_ranks
 
 pytestmark = pytest.mark.multiproc
 
@@ -83,7 +83,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("verify_engines")
     if importlib.util.find_spec("deepspeed") is None:
         pytest.skip("deepspeed is not installed")
-    mp.spawn(_group, args=(free_port(), str(out)), nprocs=2, join=True)
+    run_ranks(_group, (free_port(), str(out)), 2)
     reference = out / "reference"
     reference.mkdir()
     assert run_verify_rank(reference_config(_config(*CASES[0])), reference) == 0

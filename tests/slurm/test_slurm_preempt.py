@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from launcher.exit_codes import STOPPED_RESUMABLE
-from tests.helpers import LAUNCH, REPO, max_rel_diff, read_metrics, read_summary, run_launch
-from tests.slurm.conftest import JOB, STEPS, TRAIN_AND_WAIT, job_id, job_log, steps_logged, wait_for
+from tests.helpers import LAUNCH, REPO, max_rel_diff, read_metrics
+from tests.slurm.conftest import JOB, STEPS, TRAIN_AND_WAIT, job_log, steps_logged, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
@@ -60,14 +60,14 @@ def test_preempted_job_requeues_resumes_and_honours_the_cap(
     assert steps_logged(tmp_path) < STEPS, "the second notice did not stop the job"
     assert list((tmp_path / "checkpoints").iterdir()), "no checkpoint was saved"
 
-    # Submitting the same command again resumes from the checkpoint and finishes the run.
-    proc = run_launch(args, tmp_path)
-    assert job_id(proc.stdout + proc.stderr) != job
-    steps = [m["step"] for m in read_metrics(tmp_path)]
-    assert steps == list(range(1, STEPS + 1)), steps  # appended across three runs, no step twice
-    losses = [m["loss"] for m in read_metrics(tmp_path)]
-    assert max_rel_diff(losses, reference_losses) < 1e-5
-    assert read_summary(tmp_path)["steps"] == STEPS
+    # The requeued run resumed on the same trajectory, into the same wandb run. (Resubmitted
+    # after the cap, the same command resumes as any rerun does; a requeued job finishing the run
+    # on the uninterrupted losses: test_slurm_node_down.py.)
+    metrics = read_metrics(tmp_path)
+    steps = [m["step"] for m in metrics]
+    assert steps == list(range(1, len(steps) + 1)), steps  # appended across two runs, no step twice
+    losses = [m["loss"] for m in metrics]
+    assert max_rel_diff(losses, reference_losses[: len(losses)]) < 1e-5
     run_id = (tmp_path / "wandb" / "run_id.txt").read_text().strip()
     starts = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
-    assert len(starts) == 3 and all(name.endswith(run_id) for name in starts), starts
+    assert len(starts) == 2 and all(name.endswith(run_id) for name in starts), starts

@@ -7,7 +7,9 @@ import json
 import logging
 import os
 import pickle
+import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from logging.handlers import BufferingHandler
 from pathlib import Path
 
@@ -27,8 +29,8 @@ from launcher.training.loss import all_reduce_token_counts
 from tests.harness import build_trainer, make_config
 
 
-@pytest.fixture
-def ctx() -> Iterator[DistContext]:
+@contextmanager
+def one_rank() -> Iterator[DistContext]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: extra threads only wait on each other on a busy machine
     context = init_distributed("cpu")  # a one-rank gloo group in this process
@@ -37,6 +39,12 @@ def ctx() -> Iterator[DistContext]:
     finally:
         teardown_distributed()
         torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def ctx() -> Iterator[DistContext]:
+    with one_rank() as context:
+        yield context
 
 
 @pytest.fixture
@@ -89,6 +97,23 @@ def run(cfg: RootConfig, ctx: DistContext, run_dir: Path) -> list[float]:
     return losses
 
 
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """run(config()) once for the module: checkpoints at steps 2 and 4 (built before a test's
+    own ctx: a module fixture is set up first)."""
+    run_dir = tmp_path_factory.mktemp("four_steps")
+    with one_rank() as context:
+        run(config(), context, run_dir)
+    return run_dir
+
+
+@pytest.fixture
+def four_step_run(four_steps: Path, tmp_path: Path) -> Path:
+    """A copy of the module's 4-step run in tmp_path, for a test to change."""
+    shutil.copytree(four_steps, tmp_path, dirs_exist_ok=True)
+    return tmp_path
+
+
 def test_resume_continues_the_same_trajectory_bitwise(ctx: DistContext, tmp_path: Path) -> None:
     # Dropout on: the restored RNG state matters too.
     cfg = config(train={"steps": 6}, checkpoint={"every": 3}, model={"dropout": 0.1})
@@ -122,9 +147,9 @@ def test_layout_marker_and_keep(ctx: DistContext, tmp_path: Path) -> None:
 
 
 def test_truncated_file_is_skipped_with_a_warning(
-    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
+    four_step_run: Path, warnings_seen: list[str]
 ) -> None:
-    run(config(), ctx, tmp_path)
+    tmp_path = four_step_run
     shard = max(
         (tmp_path / "checkpoints" / "step_4" / "engine").glob("*.distcp"),
         key=lambda p: p.stat().st_size,
@@ -135,9 +160,9 @@ def test_truncated_file_is_skipped_with_a_warning(
 
 
 def test_interrupted_saves_are_skipped_with_a_warning(
-    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
+    four_step_run: Path, warnings_seen: list[str]
 ) -> None:
-    run(config(), ctx, tmp_path)
+    tmp_path = four_step_run
     root = tmp_path / "checkpoints"
     (root / ".tmp_step_6" / "engine").mkdir(parents=True)  # killed before its marker
     (root / "step_5").mkdir()  # not ours to trust: no marker
@@ -147,10 +172,9 @@ def test_interrupted_saves_are_skipped_with_a_warning(
 
 
 def test_a_checkpoint_that_fails_to_load_falls_back_to_the_previous(
-    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
+    ctx: DistContext, four_step_run: Path, warnings_seen: list[str]
 ) -> None:
-    cfg = config()
-    run(cfg, ctx, tmp_path)
+    cfg, tmp_path = config(), four_step_run
     metadata = tmp_path / "checkpoints" / "step_4" / "engine" / ".metadata"
     metadata.write_bytes(b"\0" * metadata.stat().st_size)  # same size, so only loading can tell
     trainer = build_trainer(cfg, ctx, tmp_path)
@@ -159,10 +183,8 @@ def test_a_checkpoint_that_fails_to_load_falls_back_to_the_previous(
     assert any("step_4" in w for w in warnings_seen)
 
 
-def test_changed_model_shape_is_refused_naming_the_setting(
-    ctx: DistContext, tmp_path: Path
-) -> None:
-    run(config(), ctx, tmp_path)
+def test_changed_model_shape_is_refused_naming_the_setting(four_step_run: Path) -> None:
+    tmp_path = four_step_run
     newest = find_checkpoints(tmp_path)[0]
     with pytest.raises(ConfigError) as err:
         check_compatible(newest.meta, config(model={"d_model": 64}), newest.path)
@@ -182,8 +204,8 @@ def test_changed_model_shape_is_refused_naming_the_setting(
     )
 
 
-def test_resume_never_refuses_to_overwrite_unless_told(ctx: DistContext, tmp_path: Path) -> None:
-    run(config(), ctx, tmp_path)
+def test_resume_never_refuses_to_overwrite_unless_told(four_step_run: Path) -> None:
+    tmp_path = four_step_run
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     never = config(train={"resume": "never"})
     with pytest.raises(ConfigError) as err:
@@ -289,12 +311,12 @@ def test_a_longer_run_may_resume_with_a_warning(tmp_path: Path) -> None:
 
 
 def test_a_longer_run_is_warned_about_once(
-    ctx: DistContext, tmp_path: Path, warnings_seen: list[str]
+    ctx: DistContext, four_step_run: Path, warnings_seen: list[str]
 ) -> None:
     """`launch` warns about the newest checkpoint before the ranks start (preflight); a rank
     warns again only about what launch did not judge: an older checkpoint it falls back to, or
     any checkpoint of a restarted attempt."""
-    run(config(), ctx, tmp_path)  # step_2 and step_4 of a 4-step run
+    tmp_path = four_step_run  # step_2 and step_4 of a 4-step run
     longer = config(train={"steps": 6})
 
     def steps_warnings(restarted: bool) -> list[str]:

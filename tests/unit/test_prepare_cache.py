@@ -9,6 +9,7 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,25 +77,57 @@ def said() -> list[str]:
     log.setLevel(level)
 
 
+OneWorker = Callable[[str], tuple[Path, list[str]]]
+
+
+@pytest.fixture(scope="module")
+def one_worker(files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> OneWorker:
+    """Each kind's cache built once by one process, with the lines it said (a line after every
+    range): what the two-process build and a resumed one are compared with."""
+    built: dict[str, tuple[Path, list[str]]] = {}
+
+    def build(kind: str) -> tuple[Path, list[str]]:
+        if kind not in built:
+            handler, log = Lines(), get_logger("data")
+            log.addHandler(handler)
+            level, log.level = log.level, logging.INFO
+            try:
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setattr(prepare_cache, "PROGRESS_EVERY", 0.0)
+                    cfg = cfg_for(files, tmp_path_factory.mktemp(kind), kind, tokenize_workers=1)
+                    cache, fresh = prepare("data.path", str(files[kind]), cfg)
+            finally:
+                log.removeHandler(handler)
+                log.setLevel(level)
+            assert fresh
+            built[kind] = cache, handler.lines
+        return built[kind]
+
+    return build
+
+
 @pytest.mark.parametrize("kind", ["texts", "pairs"])
 def test_one_and_two_processes_write_the_same_bytes(
     files: dict[str, Path],
+    one_worker: OneWorker,
     tmp_path: Path,
     kind: str,
     said: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    one, said_by_one = one_worker(kind)
+    said.clear()  # the two-process build's lines from here
     monkeypatch.setattr(prepare_cache, "PROGRESS_EVERY", 0.0)  # a line after every range
-    one, built = prepare(
-        "data.path", str(files[kind]), cfg_for(files, tmp_path / "a", kind, tokenize_workers=1)
-    )
-    assert built
     two, built = prepare(
         "data.path", str(files[kind]), cfg_for(files, tmp_path / "b", kind, tokenize_workers=2)
     )
     assert built and one.name == two.name  # the number of processes is not part of the key
     assert any("with 2 process(es)" in line for line in said)
-    progress = [line for line in said if line.startswith(f"tokenizing {files[kind].name}: ")]
+    progress = [
+        line
+        for line in [*said_by_one, *said]
+        if line.startswith(f"tokenizing {files[kind].name}: ")
+    ]
     total = 4500 if kind == "texts" else 2500
     assert len(progress) == 2 * (-(-total // 1000))  # every range, for each of the two builds
     assert (
@@ -140,7 +173,7 @@ prepare("data.path", cfg.path, cfg)
 
 
 def test_a_killed_preparation_is_resumed_into_the_same_bytes(
-    files: dict[str, Path], tmp_path: Path, said: list[str]
+    files: dict[str, Path], one_worker: OneWorker, tmp_path: Path, said: list[str]
 ) -> None:
     cache = tmp_path / "cache"
     cfg = cfg_for(files, cache, "pairs", tokenize_workers=2)
@@ -170,11 +203,7 @@ def test_a_killed_preparation_is_resumed_into_the_same_bytes(
     resumed, built = prepare("data.path", str(files["pairs"]), cfg)
     assert built and any("resuming the preparation" in line and "2,000" in line for line in said)
     assert [p for p in cache.iterdir() if ".tmp-" in p.name] == []
-    clean, _ = prepare(
-        "data.path",
-        str(files["pairs"]),
-        cfg_for(files, tmp_path / "c", "pairs", tokenize_workers=1),
-    )
+    clean, _ = one_worker("pairs")
     assert contents(resumed) == contents(clean)
 
 

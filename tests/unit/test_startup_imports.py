@@ -1,6 +1,7 @@
 """Start-up without timing it (issue 43): what a rank's import and the `launch` process load, and
 how many times Hydra composes the config. Each check runs in a fresh interpreter, where
-sys.modules holds exactly what the code imported."""
+sys.modules holds exactly what the code imported (one interpreter may run several launches: a
+module none of them imports is absent after all of them)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from launcher.hydra_record import sets_mode
+from tests.helpers import run_launch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,6 +34,7 @@ HEAVY = (
 COUNTING_LAUNCH = """
 import json, sys
 from hydra._internal.hydra import Hydra
+from hydra.core.global_hydra import GlobalHydra
 composed = []
 compose = Hydra.compose_config
 def counting(self, *args, **kwargs):
@@ -39,12 +42,18 @@ def counting(self, *args, **kwargs):
     return compose(self, *args, **kwargs)
 Hydra.compose_config = counting
 from launcher.cli import main
-try:
-    main(sys.argv[1:])
-    code = 0
-except SystemExit as exc:
-    code = exc.code
-found = {"code": code, "composed": len(composed), "modules": sorted(sys.modules)}
+found = {"codes": [], "composed": []}
+for argv in json.loads(sys.argv[1]):  # each launch in turn, as `launch` would run it
+    composed.clear()
+    GlobalHydra.instance().clear()
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    found["codes"].append(code)
+    found["composed"].append(len(composed))
+found["modules"] = sorted(sys.modules)
 print("RESULT " + json.dumps(found))
 """
 
@@ -76,15 +85,31 @@ def test_a_rank_imports_no_checkpoint_or_optional_library() -> None:
     assert _loaded(modules, HEAVY) == []
 
 
+def launches(*argvs: list[str]) -> list[str]:
+    """COUNTING_LAUNCH's arguments: the launches to run in one interpreter."""
+    return ["-c", COUNTING_LAUNCH, json.dumps([list(argv) for argv in argvs])]
+
+
 def test_launch_composes_once_and_imports_what_the_plan_needs(tmp_path: Path) -> None:
-    # The second plan finds the activation probe's cache (the first fills it): a user's launches
-    # after the first on this model.
+    """`launch plan` of a DDP job and of a ZeRO-3 one (its ds_config.json written without
+    DeepSpeed); each engine's plan goes through its own spec."""
     env = {"LAUNCHER_CACHE_DIR": str(tmp_path / "cache")}
-    for run in ("first", "second"):
-        args = ["plan", "parallel.dp=2", "wandb.mode=disabled", f"hydra.run.dir={tmp_path / run}"]
-        result = _fresh(["-c", COUNTING_LAUNCH, *args], env)
-        assert result["code"] == 0
-        assert result["composed"] == 1  # Hydra's own reading of hydra.mode is not a second one
+    plans = {
+        "ddp": ["parallel.dp=2"],
+        "zero3": ["engine=deepspeed", "engine.zero_stage=3", "parallel.dp=2"],
+    }
+    # The activation probe's cache filled by a plan in this process: the plans below are a
+    # user's launches after the first on this model (a miss imports the probe's machinery).
+    for name, args in plans.items():
+        run_launch(["plan", *args, "wandb.mode=disabled"], tmp_path / f"first_{name}", env=env)
+    argvs = [
+        ["plan", *args, "wandb.mode=disabled", f"hydra.run.dir={tmp_path / name}"]
+        for name, args in plans.items()
+    ]
+    result = _fresh(launches(*argvs), env)
+    assert result["codes"] == [0, 0]
+    assert result["composed"] == [1, 1]  # Hydra's own reading of hydra.mode is not a second one
+    assert (tmp_path / "zero3" / "ds_config.json").is_file()
     modules = result["modules"]
     assert "launcher.plan" in modules and "torch" in modules
     assert _loaded(modules, HEAVY) == []
@@ -97,8 +122,8 @@ def test_launch_composes_twice_when_a_config_may_set_the_mode(tmp_path: Path) ->
     (own / "model").mkdir(parents=True)
     (own / "model" / "mine.yaml").write_text("defaults:\n  - tiny\n", encoding="utf-8")
     args = ["plan", "--config-dir", str(own), f"hydra.run.dir={tmp_path / 'run'}"]
-    result = _fresh(["-c", COUNTING_LAUNCH, *args, "wandb.mode=disabled"])
-    assert result["code"] == 0 and result["composed"] == 2
+    result = _fresh(launches([*args, "wandb.mode=disabled"]))
+    assert result["codes"] == [0] and result["composed"] == [2]
 
 
 def test_conf_never_sets_the_hydra_mode() -> None:

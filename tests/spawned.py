@@ -1,0 +1,75 @@
+"""Rank groups of the tests that start their own gloo ranks (torch.multiprocessing): forked from a
+warm forkserver instead of spawned.
+
+A spawned rank is a new interpreter that imports torch, the launcher, DeepSpeed and transformers'
+models again before its first step: 2-5 CPU-seconds a rank on CI's cores. The forkserver
+(multiprocessing's own, one per test process, started on first use) imports them once and forks
+each rank from itself before it has run anything; a rank is otherwise what a spawned one is (the
+function and its arguments pickled, the forkserver's environment, which is the test process's when
+the first group started). The ranks are the forkserver's children, not this process's, so each
+rank's CPU time is counted here for the suite profile (tests/suite_profile.py).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import resource
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+
+from tests.served import CPU_SECONDS
+
+PRELOAD = [
+    "torch",
+    "torch._dynamo",  # every optimizer step imports it
+    "launcher.worker.run",
+    "tests.harness",
+    # Optional (a missing one is skipped by multiprocessing): what the groups' rows build.
+    "deepspeed",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.gpt2.modeling_gpt2",
+]
+
+
+def _counted(rank: int, fn: Callable[..., None], cpu_dir: str, args: tuple[Any, ...]) -> None:
+    try:
+        fn(rank, *args)
+    finally:
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # this rank's own, from its fork
+        Path(cpu_dir, f"rank{rank}").write_text(str(usage.ru_utime + usage.ru_stime))
+
+
+@contextmanager
+def rank_group(
+    fn: Callable[..., None], args: tuple[Any, ...], nprocs: int
+) -> Iterator[mp.ProcessContext]:
+    """`fn(rank, *args)` in nprocs forked ranks, as `mp.start_processes(join=False)`; the ranks
+    still alive when the block ends are terminated."""
+    multiprocessing.set_forkserver_preload(PRELOAD)  # read once, when the forkserver starts
+    cpu_dir = tempfile.mkdtemp(prefix="launcher-test-ranks-")
+    ranks = mp.start_processes(
+        _counted, args=(fn, cpu_dir, args), nprocs=nprocs, join=False, start_method="forkserver"
+    )
+    try:
+        yield ranks
+    finally:
+        for process in ranks.processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+        CPU_SECONDS[0] += sum(float(f.read_text() or 0) for f in Path(cpu_dir).glob("rank*"))
+        shutil.rmtree(cpu_dir, ignore_errors=True)
+
+
+def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
+    """`mp.spawn(fn, args, nprocs)`: returns when every rank has ended; a rank that raised
+    raises here (the others are ended)."""
+    with rank_group(fn, args, nprocs) as ranks:
+        while not ranks.join():
+            pass
