@@ -25,8 +25,9 @@ beside=$(mktemp -d)
 op_build=$!
 nice -n 10 .venv/bin/mypy >"$beside/mypy.log" 2>&1 &
 type_check=$!
-# An interrupted suite takes them with it.
-trap 'kill "$op_build" "$type_check" 2>/dev/null; rm -rf "$beside"' EXIT
+# An interrupted suite takes them with it (`|| true`: under set -e a kill of a finished job would
+# be the script's exit status).
+trap 'kill "$op_build" "$type_check" 2>/dev/null || true; rm -rf "$beside"' EXIT
 # pytest-xdist: two workers per core (one test's wait is another's turn), each test holding core
 # tokens for the processes it keeps busy (tests/cores.py: three per core). --dist loadscope keeps a
 # module's tests and its module fixtures on one worker; --no-loadscope-reorder hands modules out in

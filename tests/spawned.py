@@ -41,8 +41,9 @@ def _counted(rank: int, fn: Callable[..., None], cpu_dir: str, args: tuple[Any, 
     try:
         fn(rank, *args)
     finally:
-        usage = resource.getrusage(resource.RUSAGE_SELF)  # this rank's own, from its fork
-        Path(cpu_dir, f"rank{rank}").write_text(str(usage.ru_utime + usage.ru_stime))
+        # This rank's own from its fork, and its children's (inductor's C++ compilers).
+        used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        Path(cpu_dir, f"rank{rank}").write_text(str(sum(u.ru_utime + u.ru_stime for u in used)))
 
 
 @contextmanager
