@@ -81,15 +81,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
-    """Each test holds a core token (one per core when marked slurm) from its set-up to its
-    tear-down: see tests/cores.py."""
+    """Each test holds a core token (one per core when marked multiproc or slurm) from its
+    set-up to its tear-down: see tests/cores.py."""
     from tests import suite_profile
     from tests.cores import TOKENS_PER_CORE, cores
 
     found = cores()
     if found is None:
         return (yield)
-    every = item.get_closest_marker("slurm")
+    every = item.get_closest_marker("multiproc") or item.get_closest_marker("slurm")
     with suite_profile.recorded(item.nodeid, found):
         found.take(found.count // TOKENS_PER_CORE if every else 1)
         try:

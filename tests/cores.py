@@ -2,11 +2,10 @@
 
 `scripts/test.sh` runs two xdist workers per core; they share TOKENS_PER_CORE tokens per
 core. Each test holds one while it runs (set-up and tear-down included); a launch of several ranks
-takes one per rank for as long as it runs (`tests.helpers.run_launch`, `BackgroundLaunch`), as does
-a rank group (tests/spawned.py) and any ranks a test starts its own way (`at_least`,
-`hold_at_least`); a test marked `slurm` holds one per core (its jobs' ranks run on these cores,
-outside the test's processes). So no more than TOKENS_PER_CORE busy processes share a core.
-(Plain xdist, with no bound on the ranks, made the suite slower than serial.)
+takes one per rank for as long as it runs (`tests.helpers.run_launch`, `BackgroundLaunch`); a test
+marked `multiproc` or `slurm` holds one per core. So no more than TOKENS_PER_CORE busy processes
+share a core. (Plain xdist, with no
+bound on the ranks, made the suite slower than serial.)
 
 The tokens are flock(2)ed files in a directory the controller makes (LAUNCHER_TEST_CORES names
 it); the kernel drops a dead worker's locks. A test that wants several tokens takes whichever are

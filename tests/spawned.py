@@ -23,7 +23,6 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from tests.cores import at_least
 from tests.served import CPU_SECONDS
 
 PRELOAD = [
@@ -55,19 +54,16 @@ def rank_group(
     still alive when the block ends are terminated."""
     multiprocessing.set_forkserver_preload(PRELOAD)  # read once, when the forkserver starts
     cpu_dir = tempfile.mkdtemp(prefix="launcher-test-ranks-")
+    ranks = mp.start_processes(
+        _counted, args=(fn, cpu_dir, args), nprocs=nprocs, join=False, start_method="forkserver"
+    )
     try:
-        with at_least(nprocs):  # the ranks' core tokens while they run (tests/cores.py)
-            ranks = mp.start_processes(
-                _counted, (fn, cpu_dir, args), nprocs=nprocs, join=False, start_method="forkserver"
-            )
-            try:
-                yield ranks
-            finally:
-                for process in ranks.processes:
-                    if process.is_alive():
-                        process.terminate()
-                    process.join()
+        yield ranks
     finally:
+        for process in ranks.processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
         CPU_SECONDS[0] += sum(float(f.read_text() or 0) for f in Path(cpu_dir).glob("rank*"))
         shutil.rmtree(cpu_dir, ignore_errors=True)
 

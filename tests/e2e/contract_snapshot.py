@@ -183,11 +183,9 @@ def run_cli(
     (tests/served.py: the same process without an interpreter's start-up)."""
     args = [*args, f"hydra.run.dir={run_dir}"]
     if served:
-        from tests.cores import at_least, ranks_started_by
         from tests.served import served_run
 
-        with at_least(ranks_started_by(args)):  # its ranks' core tokens (tests/cores.py)
-            return served_run(args, REPO, cli_env(served=True), timeout=600)
+        return served_run(args, REPO, cli_env(served=True), timeout=600)
     argv = [sys.executable, "-m", "launcher.cli", *args]
     return subprocess.run(
         argv, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600, check=False

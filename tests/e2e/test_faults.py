@@ -22,7 +22,6 @@ import psutil
 import pytest
 
 from launcher.exit_codes import ABORTED, STOPPED_RESUMABLE
-from tests.cores import hold_at_least
 from tests.helpers import (
     FAST,
     REPO,
@@ -265,7 +264,6 @@ def test_a_slurm_node_holds_the_directory_and_its_ranks_die_with_it(
             node, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
 
-    hold_at_least(2)  # the node's two ranks' core tokens (tests/cores.py)
     first = start("4242")
     try:
         deadline = time.monotonic() + 180

@@ -33,8 +33,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.cores import at_least
-
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,11 +146,23 @@ def test_own_project_trains_from_a_non_editable_install(tmp_path: Path) -> None:
     launch = str(venv / "bin" / "launch")
     own = ["--config-dir", "conf", "model=my_net", "data=my_corpus"]
     run_dir = tmp_path / "run"
-    train = [launch, "train", *own, "parallel.dp=2", "batch.global_size=16"]
-    train += [f"train.steps={STEPS}", "optim.lr=3e-3", "eval.every=20", "eval.batches=1"]
-    train += ["checkpoint.every=0", f"hydra.run.dir={run_dir}"]
-    with at_least(2):  # its two ranks' core tokens (tests/cores.py)
-        proc = _run(train, project, env)
+    proc = _run(
+        [
+            launch,
+            "train",
+            *own,
+            "parallel.dp=2",
+            "batch.global_size=16",
+            f"train.steps={STEPS}",
+            "optim.lr=3e-3",
+            "eval.every=20",
+            "eval.batches=1",
+            "checkpoint.every=0",
+            f"hydra.run.dir={run_dir}",
+        ],
+        project,
+        env,
+    )
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["runner"] == "torchrun" and plan["world_size"] == 2, plan
     # The ranks are started with the interpreter of `launch` itself: the environment's python.

@@ -130,19 +130,7 @@ def test_a_test_holds_one_token_under_xdist_and_none_without() -> None:
 
 
 @pytest.mark.multiproc
-def test_a_multiproc_test_holds_one_token_until_it_starts_ranks() -> None:
-    """Its launches and rank groups take their ranks' tokens while they run (run_launch,
-    BackgroundLaunch, tests/spawned.py), not for the whole test."""
-    found = cores()
-    if not _under_xdist():
-        assert found is None
-        return
-    assert found is not None and len(found.held) == 1
-
-
-@pytest.mark.slurm
-def test_a_slurm_test_holds_one_token_per_core() -> None:
-    """The cluster's jobs run on this machine's cores, outside the test's processes."""
+def test_a_multiproc_test_holds_one_token_per_core() -> None:
     found = cores()
     if not _under_xdist():
         assert found is None

@@ -16,7 +16,6 @@ import pytest
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.runners.agent import handles_signals_option
 from launcher.runners.slurm_node import resumable, torchrun_args
-from tests.cores import hold_at_least
 
 # A stand-in rank: says it is ready, then waits for USR1 and exits as a stopped rank does.
 RANK = """
@@ -65,7 +64,6 @@ def test_signal_to_the_whole_step(rank_exit: int, expected: int, tmp_path: Path)
         "--standalone",
         "--nproc_per_node=2",
     ]
-    hold_at_least(2)  # the two ranks' core tokens (tests/cores.py)
     proc = subprocess.Popen(
         [*argv, "--monitor_interval=0.1", str(script), str(tmp_path)],
         env={**os.environ, "RANK_EXIT": str(rank_exit), "OMP_NUM_THREADS": "1"},
