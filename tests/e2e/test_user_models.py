@@ -40,7 +40,7 @@ def test_hf_config_model_trains_with_fsdp_and_full_recompute(tmp_path: Path) -> 
     """One rank (issue 43: two rank start-ups saved): this is `model=hf`, `engine=fsdp` and
     `ac=full` reaching an HF model through `launch`. The same Llama under FSDP2 with ac=full at
     dp=2 is a row of tests/multiproc/test_user_model_curves.py's grid, and it trains at dp=2
-    under FSDP2 through `launch` in test_lora.py, test_export.py and test_harness.py."""
+    under FSDP2 through `launch` in test_lora.py and test_harness.py."""
     pytest.importorskip("transformers")
     hf = ["model=hf", "model.config=tests/fixtures/tiny_llama.json"]
     run_launch([*COMMON, *hf, "engine=fsdp", "ac=full", "batch.micro_size=8"], tmp_path / "fsdp")
