@@ -20,14 +20,17 @@ unset PYTHONDONTWRITEBYTECODE
 .venv/bin/ruff format --check --quiet launcher tests benchmarks examples setup.py
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}
 beside=$(mktemp -d)
+# An interrupted suite takes mypy with it (`|| true`: under set -e a kill of a finished job would be
+# the script's exit status). The op build is left to finish: killed mid-build it would leave
+# torch's lock on the extension behind, and the next build or DeepSpeed test would wait on it for
+# good.
+type_check=
+trap '[ -z "$type_check" ] || kill "$type_check" 2>/dev/null || true; rm -rf "$beside"' EXIT
 .venv/bin/python -c 'import importlib; importlib.import_module("deepspeed.comm.torch").build_shm_op()' \
     >"$beside/op.log" 2>&1 &
 op_build=$!
 nice -n 10 .venv/bin/mypy >"$beside/mypy.log" 2>&1 &
 type_check=$!
-# An interrupted suite takes them with it (`|| true`: under set -e a kill of a finished job would
-# be the script's exit status).
-trap 'kill "$op_build" "$type_check" 2>/dev/null || true; rm -rf "$beside"' EXIT
 # pytest-xdist: two workers per core (one test's wait is another's turn), each test holding core
 # tokens for the processes it keeps busy (tests/cores.py: three per core). --dist loadscope keeps a
 # module's tests and its module fixtures on one worker; --no-loadscope-reorder hands modules out in
@@ -50,6 +53,7 @@ if [ -s "$profile" ]; then
     echo "=== where the suite's time went (tests/suite_profile.py) ==="
     .venv/bin/python -m tests.suite_profile "$profile" || true
 fi
+echo "test.sh: waiting for DeepSpeed's CPU op build and mypy, started beside the tests"
 if ! wait "$op_build"; then
     echo "test.sh: DeepSpeed's CPU op did not build here; the tests built it themselves:" >&2
     tail -n 20 "$beside/op.log" >&2

@@ -25,16 +25,7 @@ import torch.multiprocessing as mp
 
 from tests.served import CPU_SECONDS
 
-PRELOAD = [
-    "torch",
-    "torch._dynamo",  # every optimizer step imports it
-    "launcher.worker.run",
-    "tests.harness",
-    # Optional (a missing one is skipped by multiprocessing): what the groups' rows build.
-    "deepspeed",
-    "transformers.models.llama.modeling_llama",
-    "transformers.models.gpt2.modeling_gpt2",
-]
+PRELOAD = ["tests.rank_preload"]  # one module: see its docstring
 
 
 def _counted(rank: int, fn: Callable[..., None], cpu_dir: str, args: tuple[Any, ...]) -> None:
@@ -54,16 +45,20 @@ def rank_group(
     still alive when the block ends are terminated."""
     multiprocessing.set_forkserver_preload(PRELOAD)  # read once, when the forkserver starts
     cpu_dir = tempfile.mkdtemp(prefix="launcher-test-ranks-")
-    ranks = mp.start_processes(
-        _counted, args=(fn, cpu_dir, args), nprocs=nprocs, join=False, start_method="forkserver"
-    )
+    ranks: mp.ProcessContext | None = None
     try:
+        ranks = mp.start_processes(
+            _counted, (fn, cpu_dir, args), nprocs=nprocs, join=False, start_method="forkserver"
+        )
         yield ranks
     finally:
-        for process in ranks.processes:
+        for process in ranks.processes if ranks is not None else []:
             if process.is_alive():
                 process.terminate()
-            process.join()
+            process.join(timeout=30)  # as torch's own join: a rank that ignores SIGTERM is killed
+            if process.is_alive():
+                process.kill()
+                process.join()
         CPU_SECONDS[0] += sum(float(f.read_text() or 0) for f in Path(cpu_dir).glob("rank*"))
         shutil.rmtree(cpu_dir, ignore_errors=True)
 
