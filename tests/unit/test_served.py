@@ -105,3 +105,12 @@ def test_a_dead_server_s_launch_can_still_be_killed(tmp_path: Path) -> None:
     finally:
         proc.kill()  # reaches the launch though its status cannot
     assert psutil.wait_procs([psutil.Process(proc.pid)], timeout=30)[1] == []
+
+
+def test_importing_deepspeed_or_peft_keeps_launches_forked(server: served._Server) -> None:
+    """Both set a start-up variable at its default when imported (PYTORCH_NVML_BASED_CUDA_CHECK,
+    TORCHINDUCTOR_CACHE_DIR); tests/conftest.py sets them before the server starts, so a test
+    process that imported them still forks its launches."""
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("peft")
+    assert server.forks_alike(dict(os.environ))
