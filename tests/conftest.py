@@ -26,8 +26,8 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 import pytest
-import torch
-from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+from tests.inductor_cache import default_cache_dir
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # see above
 
@@ -42,6 +42,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from tests.schedule import reorder
 
     items[:] = reorder(items, lambda item: item.nodeid.split("::")[0])
+    import torch
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (none visible)")
@@ -53,6 +55,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def one_torch_thread():
     """Tiny ops on a shared 2-core machine: a second intra-op thread only adds contention."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

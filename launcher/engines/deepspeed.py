@@ -47,7 +47,7 @@ class _DropExpected(logging.Filter):
 _DROP_EXPECTED = _DropExpected()
 
 
-def _import_deepspeed(device: torch.device) -> Any:
+def import_deepspeed(device: torch.device) -> Any:
     # DeepSpeed picks its accelerator at import: make it the device this rank trains on (a
     # GPU machine with train.device=cpu must not get the CUDA accelerator), which also silences
     # its "Setting accelerator to CPU" guess.
@@ -67,7 +67,7 @@ def _import_deepspeed(device: torch.device) -> Any:
 class DeepSpeedEngine(Engine):
     def __init__(self, cfg: RootConfig, model: nn.Module, ctx: DistContext) -> None:
         super().__init__(cfg)
-        deepspeed = _import_deepspeed(ctx.device)
+        deepspeed = import_deepspeed(ctx.device)
         # DeepSpeed insists on LOCAL_RANK, which torchrun sets; the in-process one-rank run
         # (dp=1) has none. (Not RANK/WORLD_SIZE: they would mark this process as a torchrun rank.)
         os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))
@@ -170,7 +170,7 @@ def read_weights(directory: Path, zero_stage: int) -> dict[str, torch.Tensor]:
     """The fp32 model weights of a checkpoint written by save_checkpoint, in one process: ZeRO
     stages 1-3 merged by DeepSpeed's own zero_to_fp32; stage 0 keeps the whole module in its
     model-states file. A weight tied to another is saved once."""
-    _import_deepspeed(torch.device("cpu"))
+    import_deepspeed(torch.device("cpu"))
     if zero_stage == 0:
         files = sorted((directory / CHECKPOINT_TAG).glob("mp_rank_*_model_states.pt"))
         if not files:

@@ -180,12 +180,19 @@ def _worker_of(args: tuple[str, ...]) -> tuple[str, list[str]] | None:
     return module, list(args[at + 2 :])
 
 
-def preload(module: str) -> None:
+def preload(module: str, argv: list[str] | None = None) -> None:
     """Import once, in this process, what every rank imports (forked ranks inherit it)."""
-    import torch._dynamo  # noqa: F401  (every optimizer step imports it)
+    import torch._dynamo  # every optimizer step imports it
 
     import_module("launcher.worker.run")  # training's, and what `launch verify`'s ranks build on
     import_module(module)
+    engine = (_rank_config(argv or []) or {}).get("engine") or {}
+    if isinstance(engine, dict) and engine.get("name") == "deepspeed":
+        # DeepSpeed's import, 2 CPU-seconds, once here rather than in every rank. Ranks are
+        # forked on CPU-only machines alone (`fork_possible`): its accelerator is the CPU's.
+        from launcher.engines.deepspeed import import_deepspeed
+
+        import_deepspeed(torch.device("cpu"))
 
 
 @contextmanager
@@ -207,7 +214,7 @@ def forking_ranks() -> Iterator[None]:
         if key not in decided:
             decided[key] = fork_possible() and not runs_user_code(argv)
             if decided[key]:
-                preload(module)
+                preload(module, argv)
         if not decided[key]:
             return exec_rank(handler, args, env)
         return _fork(module, argv, env, tuple(args))
@@ -235,16 +242,24 @@ def runs_user_code(argv: list[str]) -> bool:
         origin = getattr(module, "__file__", None) or ""
         if origin.startswith(here) and not origin.startswith(skip):
             return True
+    tree = _rank_config(argv)
+    if tree is None:
+        return True
+    return any(not target.startswith(_OWN_CODE) for target in _targets(tree))
+
+
+def _rank_config(argv: list[str]) -> dict[str, Any] | None:
+    """The ranks' config.yaml as written (unresolved), None where there is none or it is unread."""
     config = argv[-1] if argv and argv[-1].endswith((".yaml", ".yml")) else None
     if config is None:
-        return True
+        return None
     try:
         from omegaconf import OmegaConf
 
         tree = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
     except Exception:
-        return True
-    return any(not target.startswith(_OWN_CODE) for target in _targets(tree))
+        return None
+    return {str(key): value for key, value in tree.items()} if isinstance(tree, dict) else None
 
 
 def _targets(tree: Any) -> Iterator[str]:

@@ -19,8 +19,10 @@ import torch
 
 from tests.data_sources import train_tokenizer, write_texts, write_tokens
 from tests.helpers import REPO, read_losses, run_launch
+from tests.installed import require
 
-pytest.importorskip("transformers")
+require("transformers")
+
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 
 FIXTURES = REPO / "tests" / "fixtures"

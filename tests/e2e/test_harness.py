@@ -21,8 +21,10 @@ import pytest
 from tests.data_sources import train_tokenizer, write_texts
 from tests.e2e.test_lm_eval import DOCS, GEN, LENGTH, MC, _evaluate, _per_sample, _write_tasks
 from tests.helpers import REPO, read_metrics, run_launch
+from tests.installed import require
 
-pytest.importorskip("lm_eval")
+require("lm_eval")
+
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 
 BROKEN = "launcher_broken"

@@ -17,9 +17,10 @@ import pytest
 from tests.data_sources import sentences
 from tests.e2e.serve_run import CHAT_TEMPLATE, shared_run, start_serve
 from tests.helpers import run_launch
+from tests.installed import require
 
-pytest.importorskip("lm_eval")
-pytest.importorskip("fastapi")
+require("lm_eval", "fastapi")
+
 httpx = pytest.importorskip("httpx")
 
 pytestmark = pytest.mark.e2e

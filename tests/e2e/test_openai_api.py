@@ -19,10 +19,11 @@ import pytest
 import torch
 
 from tests.e2e.serve_run import shared_run, start_serve
+from tests.installed import require
 
-openai = pytest.importorskip("openai")
+require("fastapi", "openai")
+
 httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi")
 pytestmark = pytest.mark.e2e
 
 PROMPT = "the cat sat"
@@ -51,6 +52,8 @@ def server(served: tuple[str, Any, Path]) -> str:
 
 @pytest.fixture(scope="module")
 def client(server: str) -> Any:
+    import openai
+
     return openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=60)
 
 
@@ -73,6 +76,8 @@ def _logprobs_of(model: Any, ids: list[int]) -> torch.Tensor:
 
 
 def test_models_names_and_plain_completions(client: Any, run: Path) -> None:
+    import openai
+
     assert [m.id for m in client.models.list().data] == [run.name]  # never a path
     with pytest.raises(openai.NotFoundError) as wrong:
         client.completions.create(model="gpt-4", prompt=PROMPT)
@@ -171,6 +176,8 @@ REFUSED: list[tuple[str, dict[str, Any]]] = [
 
 
 def test_every_unsupported_parameter_is_refused(client: Any, run: Path) -> None:
+    import openai
+
     for param, extra in REFUSED:
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(model=run.name, prompt=PROMPT, **extra)

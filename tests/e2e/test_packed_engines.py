@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("datasets")
-pytest.importorskip("transformers")
-
 from tests.data_sources import CHAT_TEMPLATE, train_tokenizer, write_conversations
 from tests.helpers import FAST, max_rel_diff, read_metrics, read_summary, run_launch
+from tests.installed import require
+
+require("datasets", "transformers")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multiproc]
 

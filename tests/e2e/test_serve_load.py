@@ -19,9 +19,11 @@ import torch
 from launcher.config.serve import ServeConfig
 from tests.harness import free_port
 from tests.helpers import LAUNCH, REPO
+from tests.installed import require
+
+require("fastapi")
 
 httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi")
 pytestmark = pytest.mark.e2e
 
 CLIENTS, REQUESTS = 8, 30

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("datasets")
-pytest.importorskip("transformers")
-
 from launcher.data.packing import place, record_positions
 from tests.data_sources import CHAT_TEMPLATE, train_tokenizer, write_conversations
 from tests.helpers import FAST, run_launch
+from tests.installed import require
+
+require("datasets", "transformers")
 
 pytestmark = pytest.mark.e2e
 

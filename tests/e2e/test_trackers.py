@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 from tests.helpers import FAST, read_metrics, read_summary, run_launch
+from tests.installed import require
+
+require("tensorboard", "mlflow")
 
 pytestmark = pytest.mark.e2e
-pytest.importorskip("tensorboard")
-pytest.importorskip("mlflow")
 
 SECRET = "SENTINELapikey0123456789"
 RUN = [

@@ -12,9 +12,11 @@ import pytest
 
 from tests.e2e.test_lm_eval import MC, _write_tasks
 from tests.helpers import FAST, read_metrics, run_launch
+from tests.installed import require
 from tests.slurm.conftest import job_id, wait_for
 
-pytest.importorskip("lm_eval")
+require("lm_eval")
+
 pytestmark = pytest.mark.slurm
 
 STEPS = 4

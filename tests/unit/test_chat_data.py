@@ -12,9 +12,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("datasets")
-pytest.importorskip("transformers")
-
 from launcher.config.data import DataConfig, DataKind, TrainOn
 from launcher.config.load import to_root_config
 from launcher.data import IGNORE_INDEX
@@ -28,6 +25,9 @@ from tests.data_sources import (
     train_tokenizer,
     write_conversations,
 )
+from tests.installed import require
+
+require("datasets", "transformers")
 
 SEQ = 128
 

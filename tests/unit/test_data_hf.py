@@ -11,9 +11,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("datasets")
-pytest.importorskip("tokenizers")
-
 from launcher.config.data import DataConfig, DataKind
 from launcher.data import IGNORE_INDEX
 from launcher.data.build import build_datasets
@@ -22,6 +19,9 @@ from launcher.data.sampler import GlobalBatchSampler
 from launcher.data.tokenizer import load_tokenizer
 from launcher.errors import DataError
 from tests.data_sources import train_tokenizer, write_pairs, write_texts
+from tests.installed import require
+
+require("datasets", "tokenizers")
 
 SEQ = 32
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-from transformers import AutoTokenizer
-
 from launcher.export.weights import write_tokenizer
 from tests.data_sources import train_tokenizer
+from tests.installed import require
+
+require("transformers")
 
 TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
 SPECIAL = {
@@ -56,6 +56,8 @@ def test_export_keeps_every_special_token_and_the_chat_template(
     export = tmp_path / "export"
     export.mkdir()
     write_tokenizer(str(source), None, export)
+    from transformers import AutoTokenizer
+
     run, exported = (
         AutoTokenizer.from_pretrained(str(source)),
         AutoTokenizer.from_pretrained(str(export)),
@@ -77,5 +79,7 @@ def test_a_bare_tokenizer_json_gets_the_runs_eos_and_the_runs_template(tmp_path:
     export = tmp_path / "export"
     export.mkdir()
     write_tokenizer(str(source), "</s>", export, chat_template=TEMPLATE)
+    from transformers import AutoTokenizer
+
     exported = AutoTokenizer.from_pretrained(str(export))
     assert exported.eos_token == "</s>" and exported.chat_template == TEMPLATE

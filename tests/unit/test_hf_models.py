@@ -15,8 +15,9 @@ from launcher.models import build_model, find_blocks
 from launcher.models.output import LogitsForward
 from launcher.recompute.policies import apply_recompute
 from launcher.training.loss import MicroLossContext, token_exact_loss, token_loss_sum, valid_tokens
+from tests.installed import require
 
-transformers = pytest.importorskip("transformers")
+require("transformers")
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CONFIGS = {"llama": FIXTURES / "tiny_llama.json", "gpt2": FIXTURES / "tiny_gpt2.json"}

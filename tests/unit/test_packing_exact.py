@@ -13,9 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("datasets")
-pytest.importorskip("transformers")
-
 from launcher.config.ac import AcConfig, AcPolicy
 from launcher.config.data import DataConfig, DataKind
 from launcher.config.model import ModelConfig, UserModelConfig
@@ -28,6 +25,9 @@ from launcher.models.documents import block_causal_mask, document_ids
 from launcher.recompute.policies import apply_recompute
 from launcher.training.loss import token_loss_sum
 from tests.data_sources import CHAT_TEMPLATE, train_tokenizer, write_conversations, write_texts
+from tests.installed import require
+
+require("datasets", "transformers")
 
 SEQ = 64
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -14,9 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("datasets")
-pytest.importorskip("tokenizers")
-
 from launcher.config.data import DataConfig, DataKind
 from launcher.data import prepare_cache
 from launcher.data.hf import prepare
@@ -24,6 +21,9 @@ from launcher.data.partial import OWNER_FILE, this_process
 from launcher.errors import ConfigError, DataError
 from launcher.logs import get_logger
 from tests.data_sources import train_tokenizer, write_pairs, write_texts
+from tests.installed import require
+
+require("datasets", "tokenizers")
 
 REPO = Path(__file__).resolve().parents[2]
 

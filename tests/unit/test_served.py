@@ -116,3 +116,12 @@ def test_importing_deepspeed_or_peft_keeps_launches_forked(server: served._Serve
     keys = ("PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_CACHE_DIR")
     assert all(key in os.environ for key in keys)  # set by the imports, or before them
     assert server.forks_alike({**server.env, **{key: os.environ[key] for key in keys}})
+
+
+def test_the_tests_inductor_cache_is_inductors_default() -> None:
+    """tests/conftest.py works the directory out without importing torch: the same as torch's."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from tests.inductor_cache import default_cache_dir as worked_out
+
+    assert worked_out() == default_cache_dir()

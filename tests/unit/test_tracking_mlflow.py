@@ -7,14 +7,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("mlflow")
-
 from launcher.config.root import RootConfig
 from launcher.config.tracking import Backend, TrackingConfig
 from launcher.exit_codes import STOPPED_RESUMABLE
 from launcher.tracking.mlflow_run import MlflowRun, tracking_uri
+from tests.installed import require
+
+require("mlflow")
 
 
 def test_a_resumed_run_continues_the_same_mlflow_run(tmp_path: Path) -> None:
