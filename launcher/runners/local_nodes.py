@@ -11,18 +11,21 @@ the split for that world and resume from the newest checkpoint (launcher/worker/
 
 The rendezvous is tuned for one machine: a node whose agent stops reporting is dropped after
 about 3 s (keep_alive_interval=1 x keep_alive_max_attempt=3) and the rendezvous closes 1 s after
-the fewest nodes have joined (last_call_timeout=1).
+the fewest nodes have joined (last_call_timeout=1). So that the first one has them all, `launch`
+starts its own agent once the others have imported what they need to join (a pipe each closes).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from launcher.config.root import RootConfig
@@ -32,6 +35,9 @@ from launcher.rundir import AGENT_DIR
 NODE_ENV = "LAUNCHER_LOCAL_NODE"
 """In each extra agent's environment: its node index (1, 2, ...)."""
 RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
+READY_FD_ENV = "LAUNCHER_LOCAL_NODE_READY_FD"
+"""The pipe an extra agent closes once it is ready to join (`_wait_until_ready`)."""
+READY_TIMEOUT_S = 120.0
 
 
 def free_port() -> int:
@@ -71,14 +77,20 @@ def other_nodes(
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """The agents of nodes 1.. while the first node's agent runs here; they die with `launch`
     and are ended when it returns."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "launcher.runners.local_nodes", *other_node_args(argv, n)],
-            env={**os.environ, **env, NODE_ENV: str(n)},
+    procs, ready = [], []
+    for n in range(1, cfg.parallel.nodes):
+        read_end, write_end = os.pipe()
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "launcher.runners.local_nodes", *other_node_args(argv, n)],
+                env={**os.environ, **env, NODE_ENV: str(n), READY_FD_ENV: str(write_end)},
+                pass_fds=(write_end,),
+            )
         )
-        for n in range(1, cfg.parallel.nodes)
-    ]
+        os.close(write_end)
+        ready.append(read_end)
     try:
+        _wait_until_ready(ready)
         yield procs
     finally:
         for proc in procs:
@@ -89,10 +101,39 @@ def other_nodes(
                 proc.wait()
 
 
+def _wait_until_ready(ready: list[int]) -> None:
+    """Until every other agent has imported what it needs to join (each closes its end of the
+    pipe), or died, or READY_TIMEOUT_S passed: the first rendezvous closes a second after this
+    node joins, and the others, new interpreters, take seconds to import torch. Then the job
+    starts with all its nodes rather than growing by a restart once they come."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    try:
+        waiting = list(ready)
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select(waiting, [], [], left)
+            waiting = [fd for fd in waiting if fd not in readable]  # EOF: ready or gone
+    finally:
+        for fd in ready:
+            os.close(fd)
+
+
+def _say_ready() -> None:
+    """This agent is about to join the rendezvous: `launch` may start its own."""
+    fd = os.environ.pop(READY_FD_ENV, None)
+    if fd is not None and fd.isdigit():
+        with suppress(OSError):
+            os.close(int(fd))
+
+
 def main(argv: list[str] | None = None) -> int:
     """One extra node's agent (started by `launch`, dies with it)."""
     die_with_parent()
+    import torch.distributed.run  # noqa: F401  (the agent's imports, before saying ready)
+
+    from launcher.runners.agent import run_agent  # noqa: F401
     from launcher.runners.slurm_node import _run, run_dir_of
+
+    _say_ready()
 
     args = sys.argv[1:] if argv is None else argv
     node = f"node{os.environ.get(NODE_ENV, '?')}"
