@@ -155,6 +155,8 @@ class BackgroundLaunch:
     def wait(self, timeout: float = 240) -> int:
         try:
             return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:  # what it printed says where it waits
+            raise AssertionError(f"launch still running after {timeout}s:\n{self.output}") from None
         finally:
             self._log.close()
 

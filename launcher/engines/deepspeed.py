@@ -64,6 +64,23 @@ def import_deepspeed(device: torch.device) -> Any:
     return deepspeed
 
 
+def preload_deepspeed() -> None:
+    """DeepSpeed imported in `launch` before its ranks are forked from it (they inherit the
+    import). Ranks are forked on CPU-only machines alone (launcher/runners/rank_fork.py): the
+    accelerator is the CPU's. The variables the import sets are put back (torchrun has copied
+    this environment for the first rank already; each rank sets them itself), and a failed import
+    is the ranks' to report, as it would be without this."""
+    before = dict(os.environ)
+    try:
+        import_deepspeed(torch.device("cpu"))
+    except Exception:
+        pass
+    finally:
+        for key in [k for k in os.environ if k not in before]:
+            del os.environ[key]
+        os.environ.update(before)
+
+
 class DeepSpeedEngine(Engine):
     def __init__(self, cfg: RootConfig, model: nn.Module, ctx: DistContext) -> None:
         super().__init__(cfg)

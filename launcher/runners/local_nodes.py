@@ -10,9 +10,10 @@ rendezvous closes with the nodes that are left (at least parallel.min_nodes), an
 the split for that world and resume from the newest checkpoint (launcher/worker/elastic.py).
 
 The rendezvous is tuned for one machine: a node whose agent stops reporting is dropped after
-about 3 s (keep_alive_interval=1 x keep_alive_max_attempt=3) and the rendezvous closes 1 s after
-the fewest nodes have joined (last_call_timeout=1). So that the first one has them all, `launch`
-starts its own agent once the others have imported what they need to join (a pipe each closes).
+about 3 s (keep_alive_interval=1 x keep_alive_max_attempt=3) and the rendezvous closes 3 s after
+the fewest nodes have joined (last_call_timeout=3). So that the first one has them all, `launch`
+starts its own agent once the others have imported what they need to join (a pipe each closes):
+they then reach its store within the agents' one-second retry.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from launcher.rundir import AGENT_DIR
 
 NODE_ENV = "LAUNCHER_LOCAL_NODE"
 """In each extra agent's environment: its node index (1, 2, ...)."""
-RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
+RDZV_CONF = "last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3"
 READY_FD_ENV = "LAUNCHER_LOCAL_NODE_READY_FD"
 """The pipe an extra agent closes once it is ready to join (`_wait_until_ready`)."""
-READY_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = 30.0
+"""Under the other agents' 60 s for reaching the first one's store (torch's read_timeout)."""
 
 
 def free_port() -> int:
@@ -103,9 +105,9 @@ def other_nodes(
 
 def _wait_until_ready(ready: list[int]) -> None:
     """Until every other agent has imported what it needs to join (each closes its end of the
-    pipe), or died, or READY_TIMEOUT_S passed: the first rendezvous closes a second after this
-    node joins, and the others, new interpreters, take seconds to import torch. Then the job
-    starts with all its nodes rather than growing by a restart once they come."""
+    pipe), or died, or READY_TIMEOUT_S passed: the first rendezvous closes seconds after this
+    node joins, and the others, new interpreters, take as long or longer to import torch. Then
+    the job starts with all its nodes rather than growing by a restart once they come."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     try:
         waiting = list(ready)

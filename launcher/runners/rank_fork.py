@@ -182,17 +182,15 @@ def _worker_of(args: tuple[str, ...]) -> tuple[str, list[str]] | None:
 
 def preload(module: str, argv: list[str] | None = None) -> None:
     """Import once, in this process, what every rank imports (forked ranks inherit it)."""
-    import torch._dynamo  # every optimizer step imports it
+    import torch._dynamo  # noqa: F401  (every optimizer step imports it)
 
     import_module("launcher.worker.run")  # training's, and what `launch verify`'s ranks build on
     import_module(module)
     engine = (_rank_config(argv or []) or {}).get("engine") or {}
     if isinstance(engine, dict) and engine.get("name") == "deepspeed":
-        # DeepSpeed's import, 2 CPU-seconds, once here rather than in every rank. Ranks are
-        # forked on CPU-only machines alone (`fork_possible`): its accelerator is the CPU's.
-        from launcher.engines.deepspeed import import_deepspeed
+        from launcher.engines.deepspeed import preload_deepspeed
 
-        import_deepspeed(torch.device("cpu"))
+        preload_deepspeed()  # 2 CPU-seconds once here, rather than in every rank
 
 
 @contextmanager

@@ -141,23 +141,26 @@ def test_a_run_of_the_users_code_execs_its_ranks(
         sys.modules.pop("imported_here", None)
 
 
-@pytest.mark.parametrize(("engine", "imported"), [("deepspeed", True), ("ddp", False)])
-def test_the_preload_imports_deepspeed_for_a_deepspeed_run_only(
-    tmp_path: Path, engine: str, imported: bool
-) -> None:
-    """The ranks of a DeepSpeed run inherit its import from `launch` instead of each paying it
-    (a fresh interpreter: what this process imported says nothing)."""
-    config = tmp_path / "config.yaml"
-    config.write_text(f"engine:\n  name: {engine}\n  zero_stage: 3\n")
+def test_the_preload_imports_deepspeed_for_a_deepspeed_run_only(tmp_path: Path) -> None:
+    """The ranks of a DeepSpeed run inherit its import from `launch` instead of each paying it;
+    the variables the import sets are not left in `launch`'s environment (a fresh interpreter:
+    what this process imported says nothing)."""
+    configs = {}
+    for engine in ("ddp", "deepspeed"):
+        configs[engine] = tmp_path / f"{engine}.yaml"
+        configs[engine].write_text(f"engine:\n  name: {engine}\n  zero_stage: 3\n")
     code = textwrap.dedent(
         f"""
-        import sys
+        import os, sys
         from launcher.runners.rank_fork import preload
-        preload("launcher.worker", [{str(config)!r}])
+        before = dict(os.environ)
+        preload("launcher.worker", [{str(configs["ddp"])!r}])
         print("deepspeed" in sys.modules)
+        preload("launcher.worker", [{str(configs["deepspeed"])!r}])
+        print("deepspeed" in sys.modules, dict(os.environ) == before)
         """
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
-    assert proc.stdout.split()[-1] == str(imported), proc.stderr
+    assert proc.stdout.split()[-3:] == ["False", "True", "True"], proc.stdout + proc.stderr

@@ -85,3 +85,28 @@ def test_a_node_whose_ranks_wait_names_another_nodes_late_rank(tmp_path: Path) -
     assert watchdog.late_elsewhere(tmp_path, [mine]) == ": rank 1 on node-b (last at step 5)"
     (beats / "rank1.json").unlink()
     assert watchdog.late_elsewhere(tmp_path, [mine]) == ""
+
+
+def test_a_rank_failing_after_another_node_named_the_hang_is_not_named_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another node's watchdog named (and killed) rank 1; this node's rank 0, one of two ranks in
+    all, was slow to fail with its peer gone when this node's own deadline passed: the record
+    this node writes names no rank, so the job's hang stays rank 1's."""
+    monkeypatch.setattr(watchdog, "DUMP_WAIT_S", 0.2)
+    record_event(tmp_path, "hang", ranks=[1], hosts=["node-b"])
+    child = subprocess.Popen(  # alive through the stack dump's signal, as a rank is
+        ["bash", "-c", "trap '' USR2; echo ready; exec sleep 30"],
+        env={"RANK": "0", "WORLD_SIZE": "2", "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        beat = {"rank": 0, "host": "node-a", "timeout": 4, "time": time.time(), "step": 5}
+        mine = Rank(0, psutil.Process(child.pid), beat)
+        found = watchdog.Watchdog(tmp_path)
+        found.fire([mine])
+        assert [hang["ranks"] for hang in found.hangs] == [[]]
+    finally:
+        child.kill()
+        child.wait()
