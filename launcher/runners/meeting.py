@@ -239,7 +239,9 @@ class Meeting:
         if seat is not None:
             self.seat, self.beat = seat, Beat(rdzv.host, rdzv.port, seat)
         while len(came := self._alive(seats.taken)) < rdzv.least_nodes:
-            self._raise_if_failed()
+            # Through _alive too: node 0 gone is the same error whichever look finds it.
+            if self._alive(lambda: self.store.check([FAILED_KEY])):
+                self._raise_if_failed()
             if time.monotonic() > self.deadline:
                 raise RendezvousFailed(self._missing(came))
             time.sleep(POLL_S)
