@@ -31,7 +31,10 @@ from pathlib import Path
 
 from launcher.config.root import RootConfig
 from launcher.lifetime import die_with_parent
+from launcher.logs import get_logger
 from launcher.rundir import AGENT_DIR
+
+log = get_logger("nodes")
 
 NODE_ENV = "LAUNCHER_LOCAL_NODE"
 """In each extra agent's environment: its node index (1, 2, ...)."""
@@ -87,12 +90,20 @@ def other_nodes(
                 [sys.executable, "-m", "launcher.runners.local_nodes", *other_node_args(argv, n)],
                 env={**os.environ, **env, NODE_ENV: str(n), READY_FD_ENV: str(write_end)},
                 pass_fds=(write_end,),
+                # Before its imports (seconds, while `launch` waits for it): killed with `launch`.
+                preexec_fn=die_with_parent,
             )
         )
         os.close(write_end)
         ready.append(read_end)
     try:
         _wait_until_ready(ready)
+        for n, proc in enumerate(procs, start=1):
+            if proc.poll() is not None:
+                log.warning(
+                    f"node {n}'s agent exited (status {proc.returncode}) before joining (its "
+                    "output is above); the job starts without it."
+                )
         yield procs
     finally:
         for proc in procs:

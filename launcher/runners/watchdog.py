@@ -152,10 +152,10 @@ class Watchdog:
         stacks = self._dump_stacks(ranks)
         blamed = _blame(ranks, stacks)
         several_nodes = world_size_of(ranks[0].proc) > len(ranks)
-        named = blamed_hang(read_events(self.run_dir), time.time(), PEER_WAIT_S)
-        if several_nodes and named and not {r.rank for r in ranks} & set(named["ranks"]):
-            # Another node named its rank a moment ago: these were failing with their peer.
-            blamed = [r for r in blamed if r.stopped]
+        named = blamed_hang(read_events(self.run_dir), time.time(), PEER_WAIT_S) or {"time": 0}
+        if several_nodes and float(named["time"]) >= attempt_started(ranks) > 0:
+            # Another node named its rank in this attempt: these were failing with their peer.
+            blamed = [r for r in blamed if r.stopped or r.rank in named["ranks"]]
         if not blamed and several_nodes:
             # All wait for a peer on another node: let that node's watchdog name the rank first
             # (ending these ranks would end the job there before it could).

@@ -87,14 +87,19 @@ def test_a_node_whose_ranks_wait_names_another_nodes_late_rank(tmp_path: Path) -
     assert watchdog.late_elsewhere(tmp_path, [mine]) == ""
 
 
+@pytest.mark.parametrize(("named_in", "expected"), [("this attempt", []), ("the last one", [0])])
 def test_a_rank_failing_after_another_node_named_the_hang_is_not_named_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named_in: str, expected: list[int]
 ) -> None:
     """Another node's watchdog named (and killed) rank 1; this node's rank 0, one of two ranks in
     all, was slow to fail with its peer gone when this node's own deadline passed: the record
-    this node writes names no rank, so the job's hang stays rank 1's."""
+    this node writes names no rank, so the job's hang stays rank 1's. A record of an earlier
+    attempt (before these ranks started) does not count."""
     monkeypatch.setattr(watchdog, "DUMP_WAIT_S", 0.2)
-    record_event(tmp_path, "hang", ranks=[1], hosts=["node-b"])
+    named = record_event(tmp_path, "hang", ranks=[1], hosts=["node-b"])
+    # When these ranks started (a process's start time is read to the second: set it here).
+    started = float(named["time"]) + (1 if named_in == "the last one" else -1)
+    monkeypatch.setattr(watchdog, "attempt_started", lambda ranks: started)
     child = subprocess.Popen(  # alive through the stack dump's signal, as a rank is
         ["bash", "-c", "trap '' USR2; echo ready; exec sleep 30"],
         env={"RANK": "0", "WORLD_SIZE": "2", "PATH": "/usr/bin:/bin"},
@@ -106,7 +111,7 @@ def test_a_rank_failing_after_another_node_named_the_hang_is_not_named_again(
         mine = Rank(0, psutil.Process(child.pid), beat)
         found = watchdog.Watchdog(tmp_path)
         found.fire([mine])
-        assert [hang["ranks"] for hang in found.hangs] == [[]]
+        assert [hang["ranks"] for hang in found.hangs] == [expected]
     finally:
         child.kill()
         child.wait()
