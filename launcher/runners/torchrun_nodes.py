@@ -25,7 +25,7 @@ from launcher.config.load import to_plain
 from launcher.config.rendezvous import NodeRendezvous, resolve_rendezvous
 from launcher.config.root import RootConfig
 from launcher.errors import ConfigError
-from launcher.exit_codes import STOPPED_RESUMABLE
+from launcher.exit_codes import COMPLETE_HELD, HUNG, STOPPED_RESUMABLE
 from launcher.logs import get_logger
 from launcher.rundir import AGENT_DIR, CONFIG_FILE, NODES_FILE, NODES_TOKEN_FILE, stopped_words
 from launcher.runners.local import LocalRunner
@@ -209,8 +209,10 @@ class TorchrunNodesRunner(LocalRunner):
                 )
             except RendezvousError as exc:
                 raise RendezvousFailed(rendezvous_lost(rdzv, exc, self.first_node)) from None
-            if code not in (0, STOPPED_RESUMABLE) and not self.first_node and host_gone(meeting):
-                # the ranks failed because node 0 went away: say that, not only their error
+            failed = code not in (0, STOPPED_RESUMABLE, HUNG, COMPLETE_HELD)
+            if failed and not self.first_node and host_gone(meeting):
+                # the ranks failed because node 0 went away: say that, not only their error (not
+                # after this node's watchdog ended them for a hang: node 0 may end first then)
                 raise RendezvousFailed(rendezvous_lost(rdzv, ConnectionError(), hosts=False))
         if code == 0 and not self.first_node:
             log.info(f"{node_name(rdzv)}: done")
