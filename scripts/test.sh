@@ -9,26 +9,16 @@ export WANDB_MODE=offline WANDB_SILENT=true
 # where an environment sets PYTHONDONTWRITEBYTECODE (some CI images do).
 unset PYTHONDONTWRITEBYTECODE
 # ruff first (a second): a lint error stops here. mypy (a minute of one core on a fresh clone,
-# torch's stubs) and DeepSpeed's CPU shared-memory op (which DeepSpeed JIT-builds on the first
-# multi-rank run: half a minute, two cores) run beside the tests instead of before them: the suite
-# leaves a core idle while tests wait, and the type check fills those gaps. mypy's verdict is
-# printed after the tests and fails the run as before. The op is built into the directory
-# tests/conftest.py names; a DeepSpeed test that starts first waits for the build (torch's lock on
-# the extension), and a failed build is only a slower suite (the test's own run builds it again
-# and reports the error): a warning, not a failure.
+# torch's stubs) runs beside the tests instead of before them: the suite leaves a core idle while
+# tests wait, and the type check fills those gaps. mypy's verdict is printed after the tests and
+# fails the run as before.
 .venv/bin/ruff check launcher tests benchmarks examples setup.py
 .venv/bin/ruff format --check --quiet launcher tests benchmarks examples setup.py
-export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}
 beside=$(mktemp -d)
 # An interrupted suite takes mypy with it (`|| true`: under set -e a kill of a finished job would be
-# the script's exit status). The op build is left to finish: killed mid-build it would leave
-# torch's lock on the extension behind, and the next build or DeepSpeed test would wait on it for
-# good.
+# the script's exit status).
 type_check=
 trap '[ -z "$type_check" ] || kill "$type_check" 2>/dev/null || true; rm -rf "$beside"' EXIT
-.venv/bin/python -c 'import importlib; importlib.import_module("deepspeed.comm.torch").build_shm_op()' \
-    >"$beside/op.log" 2>&1 &
-op_build=$!
 nice -n 10 .venv/bin/mypy >"$beside/mypy.log" 2>&1 &
 type_check=$!
 # pytest-xdist: two workers per core (one test's wait is another's turn), each test holding core
@@ -53,11 +43,7 @@ if [ -s "$profile" ]; then
     echo "=== where the suite's time went (tests/suite_profile.py) ==="
     .venv/bin/python -m tests.suite_profile "$profile" || true
 fi
-echo "test.sh: waiting for DeepSpeed's CPU op build and mypy, started beside the tests"
-if ! wait "$op_build"; then
-    echo "test.sh: DeepSpeed's CPU op did not build here; the tests built it themselves:" >&2
-    tail -n 20 "$beside/op.log" >&2
-fi
+echo "test.sh: waiting for mypy, started beside the tests"
 types=0
 wait "$type_check" || types=$?
 echo "=== mypy (run beside the tests) ==="

@@ -11,9 +11,9 @@ import tempfile
 # The runner's own default is tested with the variable unset (tests/unit/test_runners.py), and
 # the contract snapshots drop it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# DeepSpeed compiles its CPU shared-memory op (deepspeed_shm_comm) on the first multi-rank run,
-# into one directory per user by default; environments with other paths (several checkouts,
-# several venvs) rebuild it over each other's build, minutes each time. One per environment.
+# A C++ op DeepSpeed JIT-builds (none on the launcher's CPU paths: launcher/engines/deepspeed.py
+# skips its shared-memory op) goes into this environment, never the user's per-user directory,
+# which other checkouts and venvs would rebuild over.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 # train.compile's ranks compile in their own process: inductor's default on this machine is a pool
 # of compile-worker interpreters per rank (one per core), each importing torch again, two ranks'

@@ -144,7 +144,8 @@ def test_a_run_of_the_users_code_execs_its_ranks(
 def test_the_preload_imports_deepspeed_for_a_deepspeed_run_only(tmp_path: Path) -> None:
     """The ranks of a DeepSpeed run inherit its import from `launch` instead of each paying it;
     the variables the import sets are not left in `launch`'s environment (a fresh interpreter:
-    what this process imported says nothing)."""
+    what this process imported says nothing). DeepSpeed's comm backend then builds no CPU
+    shared-memory op (launcher/engines/deepspeed.py: a compile training never uses)."""
     configs = {}
     for engine in ("ddp", "deepspeed"):
         configs[engine] = tmp_path / f"{engine}.yaml"
@@ -158,9 +159,18 @@ def test_the_preload_imports_deepspeed_for_a_deepspeed_run_only(tmp_path: Path) 
         print("deepspeed" in sys.modules)
         preload("launcher.worker", [{str(configs["deepspeed"])!r}])
         print("deepspeed" in sys.modules, dict(os.environ) == before)
+        from deepspeed.comm.torch import build_shm_op
+        print(build_shm_op() is None)
         """
     )
+    extensions = tmp_path / "extensions"
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions)},
     )
-    assert proc.stdout.split()[-3:] == ["False", "True", "True"], proc.stdout + proc.stderr
+    assert proc.stdout.split()[-4:] == ["False", "True", "True", "True"], proc.stdout + proc.stderr
+    assert not extensions.exists() or not any(extensions.iterdir())
