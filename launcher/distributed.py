@@ -83,6 +83,7 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
 
 def init_distributed(requested_device: str, timeout_s: float = 600.0) -> DistContext:
     """Join the job's process group (torchrun's env://), or make a one-rank group in-process."""
+    set_aside_what_is_alive()
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -101,6 +102,16 @@ def init_distributed(requested_device: str, timeout_s: float = 600.0) -> DistCon
                 backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
             )
     return DistContext(rank, world, local_rank, device)
+
+
+def set_aside_what_is_alive() -> None:
+    """A rank starts with torch's, dynamo's and the launcher's modules loaded (about a million
+    objects) and keeps them to its end: set aside from the cyclic garbage collector, its later
+    full collections (the CPU peak meter's, the teardown's, Python's own) walk only what the run
+    made, 0.2-0.4 CPU-seconds less each. Collected first, so nothing set aside is garbage (a rank
+    forked by the launcher set its inherited objects aside already: then this pass is short)."""
+    gc.collect()
+    gc.freeze()
 
 
 def check_world_size(ctx: DistContext, dp: int, nodes: int, tp: int = 1, pp: int = 1) -> None:

@@ -16,6 +16,7 @@ server ends when its stdin closes (the test process is gone).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -116,6 +117,7 @@ def _become_launch(
     import threading
 
     code, interrupted = 1, False
+    gc.freeze()  # the server's imports: no collection of this launch walks (and copies) them
     try:
         for fd in server_fds:
             os.close(fd)

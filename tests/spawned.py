@@ -12,6 +12,7 @@ rank's CPU time is counted here for the suite profile (tests/suite_profile.py).
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import resource
 import shutil
@@ -29,6 +30,7 @@ PRELOAD = ["tests.rank_preload"]  # one module: see its docstring
 
 
 def _counted(rank: int, fn: Callable[..., None], cpu_dir: str, args: tuple[Any, ...]) -> None:
+    gc.freeze()  # the forkserver's imports: no collection of this rank walks (and copies) them
     try:
         fn(rank, *args)
     finally:

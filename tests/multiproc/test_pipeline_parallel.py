@@ -16,6 +16,8 @@ from safetensors.torch import load_file
 from tests.helpers import FAST, max_rel_diff, read_metrics, read_summary, run_launch
 from tests.multiproc.one_process import (
     COMMON,
+    HALF,
+    STEPS,
     assert_equal_steps,
     curves,
     one_process_reference,
@@ -69,7 +71,7 @@ def test_dp2_tp2_pp2_equals_one_process_and_exports_its_weights(
     assert (summary["world_size"], summary["dp"], summary["tp"], summary["pp"]) == (8, 2, 2, 2)
     run_launch(["export", str(run_dir), "--output", str(tmp_path / "ours")])
     ours = load_file(tmp_path / "ours" / "model.safetensors")
-    theirs = load_file(reference_export(tmp_path_factory, 8) / "model.safetensors")
+    theirs = load_file(reference_export(tmp_path_factory, STEPS) / "model.safetensors")
     assert sorted(ours) == sorted(theirs)
     assert max(float((ours[k] - theirs[k]).abs().max()) for k in theirs) < 1e-5
 
@@ -91,18 +93,18 @@ def test_a_pp2_checkpoint_resumes_on_dp2_without_pp(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, one_process: list[dict[str, Any]]
 ) -> None:
     """The stages' DCP checkpoint holds the whole model's names: `launch export` of the pp run
-    stopped after step 4 writes one process's step-4 weights, and its steps 1-4 at pp=2 and
-    5-8 at dp=2 are one process's."""
+    stopped after step HALF writes one process's weights of that step, and its steps at pp=2 and
+    the rest at dp=2 are one process's."""
     run_dir = tmp_path / "run"
-    run_launch([*COMMON, "parallel.pp=2", "batch.grad_accum=2", "train.steps=4"], run_dir)
+    run_launch([*COMMON, "parallel.pp=2", "batch.grad_accum=2", f"train.steps={HALF}"], run_dir)
     run_launch(["export", str(run_dir), "--output", str(tmp_path / "export")])
     weights = load_file(tmp_path / "export" / "model.safetensors")
-    reference = load_file(reference_export(tmp_path_factory, 4) / "model.safetensors")
+    reference = load_file(reference_export(tmp_path_factory, HALF) / "model.safetensors")
     assert sorted(weights) == sorted(reference)
     assert max(float((weights[k] - reference[k]).abs().max()) for k in reference) < 1e-5
     proc = run_launch([*COMMON, "parallel.dp=2"], run_dir)
     assert "resuming from" in proc.stdout + proc.stderr
-    # Steps 1-4 too: all 8 lie in the 20-step warm-up, so train.steps=4 had the same rates.
+    # The first steps too: all lie in the 20-step warm-up, so the shorter run had the same rates.
     assert_equal_steps(run_dir, one_process)
 
 

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from tests.helpers import FAST, max_rel_diff, read_metrics, read_summary, run_launch
 from tests.multiproc.one_process import (
     COMMON,
+    HALF,
     STEPS,
     assert_equal_steps,
     curves,
@@ -84,8 +85,8 @@ def test_dp2_tp2_accumulation_and_recompute_equal_one_process(
 
 def test_tp2_compiled_equals_one_process(tmp_path: Path, one_process: list[dict[str, Any]]) -> None:
     """train.compile after the plan (torchtitan's order): the compiled blocks run on DTensors."""
-    run_launch([*COMMON, "parallel.tp=2", "train.compile=true", "train.steps=4"], tmp_path)
-    ours, theirs = curves(read_metrics(tmp_path)), curves(one_process[:4])
+    run_launch([*COMMON, "parallel.tp=2", "train.compile=true"], tmp_path)
+    ours, theirs = curves(read_metrics(tmp_path)), curves(one_process)
     assert ours["tokens"] == theirs["tokens"]
     assert max_rel_diff(ours["loss"], theirs["loss"]) < 1e-5
     assert max_rel_diff(ours["grad_norm"], theirs["grad_norm"]) < 1e-5
@@ -109,19 +110,20 @@ def test_a_tp2_checkpoint_resumes_on_dp2_without_tp(
     one_process: list[dict[str, Any]],
     one_process_run: Path,
 ) -> None:
-    """tp=2 for 4 steps: one process's steps, and its checkpoint (DCP's async save of the
-    DTensors) exports and generates as one process's step-4 checkpoint. DCP reshards: steps 5-8
-    at dp=2 are one process's."""
+    """tp=2 for HALF steps: one process's steps, and its checkpoint (DCP's async save of the
+    DTensors) exports and generates as one process's checkpoint of that step. DCP reshards: the
+    steps after it at dp=2 are one process's."""
     run_dir = tmp_path / "run"
-    run_launch([*COMMON, "parallel.tp=2", "train.steps=4", "checkpoint.async=true"], run_dir)
+    stop = [f"train.steps={HALF}", "checkpoint.async=true"]
+    run_launch([*COMMON, "parallel.tp=2", *stop], run_dir)
     summary = read_summary(run_dir)
     assert (summary["world_size"], summary["dp"], summary["tp"]) == (2, 1, 2)
-    reference = load_file(reference_export(tmp_path_factory, 4) / "model.safetensors")
+    reference = load_file(reference_export(tmp_path_factory, HALF) / "model.safetensors")
     _assert_same_export(run_dir, reference, tmp_path / "export")
-    _generates_as_one_process(run_dir, one_process_run / "checkpoints" / "step_4", tmp_path)
+    _generates_as_one_process(run_dir, one_process_run / "checkpoints" / f"step_{HALF}", tmp_path)
     proc = run_launch([*COMMON, "parallel.dp=2"], run_dir)
     assert "resuming from" in proc.stdout + proc.stderr
-    # Steps 1-4 too: all 8 lie in the 20-step warm-up, so train.steps=4 had the same rates.
+    # The first steps too: all lie in the 20-step warm-up, so the shorter run had the same rates.
     assert_equal_steps(run_dir, one_process)
 
 
@@ -156,18 +158,19 @@ def test_hf_llama_dp2_tp2_equals_one_process_exports_its_weights_and_resumes_on_
 ) -> None:
     """A Hugging Face Llama (tiny, from a config) through its family's base_model_tp_plan; its
     export has one process's tensor names, shapes and weights (transformers' own names); its
-    step-4 checkpoint resumes on dp=2 without tp (and on ddp) and steps 5-8 are one process's."""
+    step-HALF checkpoint resumes on dp=2 without tp (and on ddp) and the steps after it are one
+    process's."""
     split_dir, resumed = tmp_path / "split", tmp_path / "resumed"
     split = ["parallel.dp=2", "parallel.tp=2", "engine=fsdp", "batch.grad_accum=2"]
-    run_launch([*LLAMA, *split, "checkpoint.every=4"], split_dir)
+    run_launch([*LLAMA, *split, f"checkpoint.every={HALF}"], split_dir)
     reference = read_metrics(llama_one_process)
     assert_equal_steps(split_dir, reference)
     theirs = _exported(llama_one_process, tmp_path / "theirs")
     _assert_same_export(split_dir, theirs, tmp_path / "ours")
-    step_4 = split_dir / "checkpoints" / "step_4"
-    proc = run_launch([*LLAMA, "parallel.dp=2", f"train.resume={step_4}"], resumed)
+    half = split_dir / "checkpoints" / f"step_{HALF}"
+    proc = run_launch([*LLAMA, "parallel.dp=2", f"train.resume={half}"], resumed)
     assert "resuming from" in proc.stdout + proc.stderr
-    assert_equal_steps(resumed, reference, first=4)
+    assert_equal_steps(resumed, reference, first=HALF)
 
 
 def test_a_family_without_a_plan_is_refused_before_launch(tmp_path: Path) -> None:
