@@ -84,7 +84,7 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
 def init_distributed(requested_device: str, timeout_s: float = 600.0) -> DistContext:
     """Join the job's process group (torchrun's env://), or make a one-rank group in-process."""
     set_aside_what_is_alive()
-    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    launched = _is_torchrun_rank()
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -109,7 +109,8 @@ def set_aside_what_is_alive() -> None:
     objects) and keeps them to its end: set aside from the cyclic garbage collector, its later
     full collections (the CPU peak meter's, the teardown's, Python's own) walk only what the run
     made, 0.2-0.4 CPU-seconds less each. Collected first, so nothing set aside is garbage (a rank
-    forked by the launcher set its inherited objects aside already: then this pass is short)."""
+    forked by the launcher set its inherited objects aside already: then this pass is short);
+    teardown_distributed hands them back where the process may train again."""
     gc.collect()
     gc.freeze()
 
@@ -134,6 +135,21 @@ def check_world_size(ctx: DistContext, dp: int, nodes: int, tp: int = 1, pp: int
 
 
 def teardown_distributed() -> None:
+    try:
+        _destroy_process_group()
+    finally:
+        if not _is_torchrun_rank():
+            # A process that may train again (an in-process sweep's next point, a notebook):
+            # what was set aside goes back to the collector, this run's config among it, or
+            # every point would leave its own behind for good. A rank's process ends here.
+            gc.unfreeze()
+
+
+def _is_torchrun_rank() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _destroy_process_group() -> None:
     if not dist.is_initialized():
         return
     # Free engines and models first: a DDP reducer left holding the last reference to a gloo

@@ -1,9 +1,12 @@
 """The measured peak tensor memory of a rank over its first optimizer steps, compared with the plan.
 
 CUDA: `torch.cuda.max_memory_allocated` over the window. CPU: the bytes of every live tensor
-storage when the window opens (found through the garbage collector, plus DDP's gradient buckets,
-which only C++ holds) and the peak of what ops create inside it (a TorchDispatchMode with weak
-references, launcher/recompute/measure.py), so the figure is tensor memory, not the RSS.
+storage the run made when the window opens (found through the garbage collector, plus DDP's
+gradient buckets, which only C++ holds) and the peak of what ops create inside it (a
+TorchDispatchMode with weak references, launcher/recompute/measure.py), so the figure is tensor
+memory, not the RSS. Objects alive before the rank joined its group are set aside from the
+collector (launcher/distributed.py) and not counted: not the run's (an earlier in-process sweep
+point's leftovers, say), where CUDA's allocator figure would include them.
 
 The window is the first two steps of the process (one when it runs one): the first creates the
 optimizer state, so the second is the first at the steady state the plan describes. Later steps
