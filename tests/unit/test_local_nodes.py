@@ -7,7 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -59,3 +63,68 @@ def test_an_agent_says_ready_by_closing_the_pipe_it_was_given(
     assert os.read(read_end, 1) == b""  # EOF: no writer left
     assert local_nodes.READY_FD_ENV not in os.environ  # its ranks do not inherit it
     os.close(read_end)
+
+
+def _startup_that(tmp_path: Path, code: str) -> dict[str, str]:
+    """An environment whose interpreters run `code` at start-up (sitecustomize), before any
+    import of the agent's: an agent slow to import, or one that dies first."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"import os, time\n{code}\n")
+    return {"PYTHONPATH": str(site)}
+
+
+def _nodes(n: int) -> Any:
+    return SimpleNamespace(parallel=SimpleNamespace(nodes=n))
+
+
+def test_an_agent_that_exits_before_joining_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = _startup_that(tmp_path, "os._exit(3)")
+    with local_nodes.other_nodes(_nodes(2), [f"--log-dir={tmp_path}/scratch"], env) as procs:
+        assert procs[0].returncode == 3  # gone before `launch` starts its own agent
+    assert "node 1's agent exited (status 3) before joining" in caplog.text
+
+
+def test_an_agent_still_importing_dies_with_launch(tmp_path: Path) -> None:
+    """kill -9 of `launch` while it waits for an agent's imports: the agent goes too (its
+    parent-death signal is set before it runs any Python)."""
+    env = _startup_that(tmp_path, "time.sleep(60)")
+    code = textwrap.dedent(
+        f"""
+        from types import SimpleNamespace
+        from launcher.runners import local_nodes
+        nodes = SimpleNamespace(parallel=SimpleNamespace(nodes=2))
+        with local_nodes.other_nodes(nodes, ["--log-dir={tmp_path}/scratch"], {env!r}):
+            pass
+        """
+    )
+    launch = subprocess.Popen([sys.executable, "-c", code])
+    children = Path(f"/proc/{launch.pid}/task/{launch.pid}/children")
+    try:
+        agent = None
+        for _ in range(300):
+            pids = children.read_text().split() if children.exists() else []
+            if pids:
+                agent = int(pids[0])
+                break
+            time.sleep(0.1)
+        assert agent is not None, "launch started no agent"
+        launch.kill()
+        launch.wait()
+        for _ in range(100):  # gone, or a zombie waiting for init to reap it
+            try:
+                state = Path(f"/proc/{agent}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:
+                break
+            if state == "Z":
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(agent, 9)
+            raise AssertionError("the agent outlived launch by 10 s")
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
