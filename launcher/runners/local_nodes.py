@@ -12,8 +12,8 @@ the split for that world and resume from the newest checkpoint (launcher/worker/
 The rendezvous is tuned for one machine: a node whose agent stops reporting is dropped after
 about 3 s (keep_alive_interval=1 x keep_alive_max_attempt=3) and the rendezvous closes 3 s after
 the fewest nodes have joined (last_call_timeout=3). So that the first one has them all, `launch`
-starts its own agent once the others have imported what they need to join (a pipe each closes):
-they then reach its store within the agents' one-second retry.
+starts its own agent once the others have imported what they need to join (a byte each writes
+to a pipe): they then reach its store within the agents' one-second retry.
 """
 
 from __future__ import annotations
@@ -97,12 +97,15 @@ def other_nodes(
         os.close(write_end)
         ready.append(read_end)
     try:
-        _wait_until_ready(ready)
+        gone = _wait_until_ready(ready)
         for n, proc in enumerate(procs, start=1):
-            if proc.poll() is not None:
+            if gone[n - 1]:
+                with suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)  # its pipe closed as it exited: reaped in a moment
+                status = "unknown" if proc.returncode is None else proc.returncode
                 log.warning(
-                    f"node {n}'s agent exited (status {proc.returncode}) before joining (its "
-                    "output is above); the job starts without it."
+                    f"node {n}'s agent exited (status {status}) before joining (its output is "
+                    "above); the job starts without it."
                 )
         yield procs
     finally:
@@ -114,26 +117,33 @@ def other_nodes(
                 proc.wait()
 
 
-def _wait_until_ready(ready: list[int]) -> None:
-    """Until every other agent has imported what it needs to join (each closes its end of the
-    pipe), or died, or READY_TIMEOUT_S passed: the first rendezvous closes seconds after this
-    node joins, and the others, new interpreters, take as long or longer to import torch. Then
-    the job starts with all its nodes rather than growing by a restart once they come."""
+def _wait_until_ready(ready: list[int]) -> list[bool]:
+    """Until every other agent has imported what it needs to join (each writes a byte to its
+    pipe), or died (its pipe closed without one), or READY_TIMEOUT_S passed: the first
+    rendezvous closes seconds after this node joins, and the others, new interpreters, take as
+    long or longer to import torch. Then the job starts with all its nodes rather than growing
+    by a restart once they come. Returns, for each pipe, whether its agent is gone."""
     deadline = time.monotonic() + READY_TIMEOUT_S
+    gone = [False] * len(ready)
     try:
         waiting = list(ready)
         while waiting and (left := deadline - time.monotonic()) > 0:
             readable, _, _ = select.select(waiting, [], [], left)
-            waiting = [fd for fd in waiting if fd not in readable]  # EOF: ready or gone
+            for fd in readable:
+                gone[ready.index(fd)] = os.read(fd, 1) == b""
+            waiting = [fd for fd in waiting if fd not in readable]
     finally:
         for fd in ready:
             os.close(fd)
+    return gone
 
 
 def _say_ready() -> None:
     """This agent is about to join the rendezvous: `launch` may start its own."""
     fd = os.environ.pop(READY_FD_ENV, None)
     if fd is not None and fd.isdigit():
+        with suppress(OSError):
+            os.write(int(fd), b"1")  # ready; a pipe closed without it is an agent gone
         with suppress(OSError):
             os.close(int(fd))
 

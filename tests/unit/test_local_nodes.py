@@ -1,6 +1,6 @@
 """cluster=local elastic jobs: `launch` starts its own agent once the other agents are ready to
-join (each closes a pipe), or have died, so that the first rendezvous has every node; a
-hung agent never keeps it waiting past the deadline."""
+join (each writes a byte to a pipe), or have died (the pipe closed without one), so that the
+first rendezvous has every node; a hung agent never keeps it waiting past the deadline."""
 
 from __future__ import annotations
 
@@ -29,12 +29,18 @@ def _agent(code: str) -> tuple[subprocess.Popen[bytes], int]:
     return proc, read_end
 
 
-@pytest.mark.parametrize("ends", ["os.close(FD)\ntime.sleep(30)", "os._exit(3)"])
-def test_launch_waits_for_each_agent_to_be_ready_or_gone(tmp_path: Path, ends: str) -> None:
+@pytest.mark.parametrize(
+    ("ends", "gone"),
+    [("os.write(FD, b'1')\nos.close(FD)\ntime.sleep(30)", False), ("os._exit(3)", True)],
+    ids=["ready", "gone"],
+)
+def test_launch_waits_for_each_agent_to_be_ready_or_gone(
+    tmp_path: Path, ends: str, gone: bool
+) -> None:
     marker = tmp_path / "imported"
     proc, ready = _agent(f"time.sleep(0.5)\nopen({str(marker)!r}, 'w').close()\n{ends}")
     try:
-        local_nodes._wait_until_ready([ready])
+        assert local_nodes._wait_until_ready([ready]) == [gone]
         assert marker.exists()  # not before the agent was ready (or gone)
     finally:
         proc.kill()
@@ -47,7 +53,7 @@ def test_an_agent_that_never_says_it_is_ready_does_not_hold_launch(
     monkeypatch.setattr(local_nodes, "READY_TIMEOUT_S", 0.5)
     proc, ready = _agent("time.sleep(30)")
     try:
-        local_nodes._wait_until_ready([ready])
+        assert local_nodes._wait_until_ready([ready]) == [False]  # not known to be gone
         assert proc.poll() is None  # launch goes on; the rendezvous admits the agent later
     finally:
         proc.kill()
@@ -60,6 +66,7 @@ def test_an_agent_says_ready_by_closing_the_pipe_it_was_given(
     read_end, write_end = os.pipe()
     monkeypatch.setenv(local_nodes.READY_FD_ENV, str(write_end))
     local_nodes._say_ready()
+    assert os.read(read_end, 2) == b"1"  # ready
     assert os.read(read_end, 1) == b""  # EOF: no writer left
     assert local_nodes.READY_FD_ENV not in os.environ  # its ranks do not inherit it
     os.close(read_end)
@@ -83,7 +90,7 @@ def test_an_agent_that_exits_before_joining_is_named(
 ) -> None:
     env = _startup_that(tmp_path, "os._exit(3)")
     with local_nodes.other_nodes(_nodes(2), [f"--log-dir={tmp_path}/scratch"], env) as procs:
-        assert procs[0].returncode == 3  # gone before `launch` starts its own agent
+        assert procs[0].returncode == 3  # gone, and reaped, before `launch` starts its own agent
     assert "node 1's agent exited (status 3) before joining" in caplog.text
 
 
