@@ -54,12 +54,14 @@ def import_deepspeed(device: torch.device) -> Any:
     os.environ["DS_ACCELERATOR"] = device.type
     import deepspeed
 
-    if device.type == "cpu":
+    compatible = getattr(getattr(deepspeed, "ops", None), "__compatible_ops__", None)
+    if device.type == "cpu" and isinstance(compatible, dict):
         # DeepSpeed's comm backend JIT-compiles a shared-memory op for the CPU accelerator on its
         # first multi-rank run (30 s of two cores, and a C++ compiler), used only by its inference
         # all-reduce: training's collectives are torch.distributed's. Marked unusable, it is
-        # skipped (DeepSpeed keeps this dict for the process, edits included).
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        # skipped (DeepSpeed keeps this dict for the process, edits included; a release without
+        # it builds the op as before).
+        compatible["deepspeed_shm_comm"] = False
     ds_logger = logging.getLogger("DeepSpeed")
     ds_logger.setLevel(logging.WARNING)  # it logs its whole config at INFO on every rank
     ds_logger.addFilter(_DROP_EXPECTED)  # once, however many engines this process builds

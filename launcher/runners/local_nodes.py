@@ -40,7 +40,8 @@ NODE_ENV = "LAUNCHER_LOCAL_NODE"
 """In each extra agent's environment: its node index (1, 2, ...)."""
 RDZV_CONF = "last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3"
 READY_FD_ENV = "LAUNCHER_LOCAL_NODE_READY_FD"
-"""The pipe an extra agent closes once it is ready to join (`_wait_until_ready`)."""
+"""The pipe an extra agent writes a byte to once it is ready to join, then closes (closed without
+the byte: the agent is gone; `_wait_until_ready`)."""
 READY_TIMEOUT_S = 30.0
 """Under the other agents' 60 s for reaching the first one's store (torch's read_timeout)."""
 
